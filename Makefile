@@ -1,0 +1,56 @@
+# Developer and CI entry points. `make test` works from a fresh clone on Debian.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CI runs as root without sudo installed; developers usually need it.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: venv redis-server test lint run worker bench fmt clean
+
+venv: $(STAMP)
+
+# The stamp makes the slow install re-run only when the dependencies change.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+# Tests start their own redis-server processes; a service the package may start is never used.
+redis-server:
+	@if command -v redis-server >/dev/null 2>&1 || [ -x /usr/sbin/redis-server ]; then \
+		echo "redis-server: $$(command -v redis-server || echo /usr/sbin/redis-server)"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; \
+	fi
+
+test: venv redis-server lint
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy src
+	$(BIN)/lint-imports
+
+run: venv
+	$(BIN)/eco-router serve $(if $(REDIS_STREAMS_URL),,--in-memory)
+
+worker: venv
+	$(BIN)/eco-router worker
+
+bench: venv redis-server
+	$(BIN)/python -m bench.router_bench
+
+# Fixes first, so the formatter has the last word on layout.
+fmt: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Keeps .venv: rebuilding it is slow and `make venv` refreshes it when pyproject.toml changes.
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+		.import_linter_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

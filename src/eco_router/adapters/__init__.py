@@ -1,0 +1,1 @@
+"""Adapters: Redis, in-memory and Prometheus implementations of the ports."""

@@ -1,0 +1,1 @@
+"""In-memory adapters with real behaviour, for tests and for running without Redis."""

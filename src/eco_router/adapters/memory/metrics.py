@@ -1,0 +1,51 @@
+"""In-memory adapter of `RouterMetrics`: plain counters tests can read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from eco_router.application.messages import ShardStats
+from eco_router.application.ports import RouterMetrics
+from eco_router.domain.rejection import RejectReason
+from eco_router.domain.verdict import Verdict
+
+
+class InMemoryRouterMetrics(RouterMetrics):
+    """Totals of everything reported, keyed like the Prometheus labels."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.verdicts: Counter[tuple[str, Verdict]] = Counter()
+        self.published: Counter[str] = Counter()
+        self.latencies_ms: list[float] = []
+        self.publish_errors = 0
+        self.dead_letters: Counter[tuple[str, RejectReason]] = Counter()
+        self.trimmed: Counter[tuple[str, int]] = Counter()
+        self.reclaimed_entries: Counter[tuple[str, int]] = Counter()
+        self.shards: dict[str, ShardStats] = {}
+
+    def batch_routed(self, *, size: int, seconds: float) -> None:
+        self.batches.append(size)
+
+    def events_judged(self, domain: str, verdict: Verdict, count: int) -> None:
+        self.verdicts[(domain, verdict)] += count
+
+    def events_published(self, domain: str, latencies_ms: Sequence[float]) -> None:
+        self.published[domain] += len(latencies_ms)
+        self.latencies_ms.extend(latencies_ms)
+
+    def publish_failed(self, count: int) -> None:
+        self.publish_errors += count
+
+    def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:
+        self.dead_letters[(domain, reason)] += count
+
+    def trimmed_before_ack(self, domain: str, shard: int, count: int) -> None:
+        self.trimmed[(domain, shard)] += count
+
+    def reclaimed(self, domain: str, shard: int, count: int, seconds: float) -> None:
+        self.reclaimed_entries[(domain, shard)] += count
+
+    def shard_observed(self, stats: ShardStats) -> None:
+        self.shards[stats.stream] = stats

@@ -1,0 +1,67 @@
+"""In-memory adapter of `StateStore`, judging with the domain rules directly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from eco_router.application.errors import TransientError
+from eco_router.application.messages import EncodedEvent, JobView
+from eco_router.application.ports import Clock, StateStore
+from eco_router.domain.verdict import JobRecord, Judgement, judge
+
+
+@dataclass(slots=True)
+class _Job:
+    last_seq: int | None = None
+    applied_by: dict[int, str] = field(default_factory=dict)
+    state: bytes | None = None
+    history: list[bytes] = field(default_factory=list)
+    state_expires_ms: int = 0
+    markers_expire_ms: int = 0
+
+
+class InMemoryStateStore(StateStore):
+    """Snapshots, histories and markers in dicts, with the same TTLs as the Redis store."""
+
+    def __init__(
+        self, *, clock: Clock, state_ttl_s: int, markers_ttl_s: int, history_size: int
+    ) -> None:
+        self.available = True
+        self._clock = clock
+        self._state_ttl_ms = state_ttl_s * 1000
+        self._markers_ttl_ms = markers_ttl_s * 1000
+        self._history_size = history_size
+        self._jobs: dict[tuple[str, str], _Job] = {}
+
+    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
+        if not self.available:
+            raise TransientError("in-memory state store marked unavailable")
+        judgements = []
+        for item in events:
+            job = self._job(item.event.domain, item.event.job_id)
+            judgement = judge(item.event, JobRecord(job.last_seq, job.applied_by))
+            if judgement.apply:
+                now = self._clock.now_ms()
+                job.last_seq = item.event.seq
+                job.applied_by[item.event.seq] = item.event.stream_id
+                job.state = item.payload
+                job.history = [*job.history, item.payload][-self._history_size :]
+                job.state_expires_ms = now + self._state_ttl_ms
+                job.markers_expire_ms = now + self._markers_ttl_ms
+            judgements.append(judgement)
+        return judgements
+
+    async def view(self, domain: str, job_id: str) -> JobView:
+        job = self._job(domain, job_id)
+        return JobView(state=job.state, history=list(job.history))
+
+    def _job(self, domain: str, job_id: str) -> _Job:
+        key = (domain, job_id)
+        job = self._jobs.setdefault(key, _Job())
+        now = self._clock.now_ms()
+        if job.state is not None and now >= job.state_expires_ms:
+            job.state, job.history = None, []
+        if job.applied_by and now >= job.markers_expire_ms:
+            job.applied_by, job.last_seq = {}, None
+        return job

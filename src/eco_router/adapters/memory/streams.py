@@ -1,0 +1,189 @@
+"""A small in-process model of Redis Streams with consumer groups."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from eco_router.application.ports import Clock
+from eco_router.domain.event import StreamEntryId
+
+Fields = dict[bytes, bytes]
+
+
+@dataclass(slots=True)
+class PendingEntry:
+    """One entry of a group's pending list: owner, last delivery time and delivery count."""
+
+    consumer: str
+    delivered_ms: int
+    count: int
+
+
+@dataclass(slots=True)
+class Group:
+    """A consumer group: last delivered id and pending entries."""
+
+    last_delivered: StreamEntryId
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Stream:
+    """Entries in id order and the groups reading them."""
+
+    entries: dict[str, Fields] = field(default_factory=dict)
+    groups: dict[str, Group] = field(default_factory=dict)
+    last_id: StreamEntryId = field(default_factory=lambda: StreamEntryId(0, 0))
+
+
+class NoGroup(Exception):
+    """The stream or the group does not exist (Redis: NOGROUP)."""
+
+
+class InMemoryStreams:
+    """Streams, groups and pending lists with Redis's semantics, shared by sources and producers."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._streams: dict[str, Stream] = {}
+        self._appended = asyncio.Event()
+
+    def xadd(self, stream: str, fields: Mapping[bytes, bytes] | Mapping[str, str]) -> str:
+        """Append an entry with a fresh id; returns the id."""
+        target = self._streams.setdefault(stream, Stream())
+        now = self._clock.now_ms()
+        last = target.last_id
+        new_id = (
+            StreamEntryId(now, 0) if now > last.ms else StreamEntryId(last.ms, last.sequence + 1)
+        )
+        target.last_id = new_id
+        target.entries[str(new_id)] = {_b(k): _b(v) for k, v in fields.items()}
+        self._appended.set()
+        return str(new_id)
+
+    def entries(self, stream: str) -> list[tuple[str, Fields]]:
+        return list(self._streams.get(stream, Stream()).entries.items())
+
+    def delete_entry(self, stream: str, entry_id: str) -> None:
+        self._streams.get(stream, Stream()).entries.pop(entry_id, None)
+
+    def delete_stream(self, stream: str) -> None:
+        self._streams.pop(stream, None)
+
+    def create_group(self, stream: str, group: str) -> bool:
+        """Create the group at id 0 (MKSTREAM); False when it already exists."""
+        target = self._streams.setdefault(stream, Stream())
+        if group in target.groups:
+            return False
+        target.groups[group] = Group(StreamEntryId(0, 0))
+        return True
+
+    def pending(self, stream: str, group: str) -> dict[str, PendingEntry]:
+        return dict(self._group(stream, group).pending)
+
+    def lag(self, stream: str, group: str) -> int:
+        last = self._group(stream, group).last_delivered
+        return sum(1 for i in self._streams[stream].entries if _after(i, last))
+
+    def read_new(
+        self, group: str, consumer: str, streams: list[str], count: int
+    ) -> dict[str, list[tuple[str, Fields]]]:
+        out: dict[str, list[tuple[str, Fields]]] = {}
+        now = self._clock.now_ms()
+        for name in streams:
+            state = self._group(name, group)
+            taken = [
+                (i, f)
+                for i, f in self._streams[name].entries.items()
+                if _after(i, state.last_delivered)
+            ][:count]
+            for entry_id, _ in taken:
+                state.pending[entry_id] = PendingEntry(consumer, now, 1)
+            if taken:
+                state.last_delivered = StreamEntryId.parse(taken[-1][0])
+                out[name] = taken
+        if not out:
+            self._appended.clear()
+        return out
+
+    async def wait_for_append(self, timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._appended.wait()
+        except TimeoutError:
+            return
+
+    def read_pending(
+        self, group: str, consumer: str, after: Mapping[str, str], count: int
+    ) -> dict[str, list[tuple[str, Fields | None, int]]]:
+        out: dict[str, list[tuple[str, Fields | None, int]]] = {}
+        now = self._clock.now_ms()
+        for name, start in after.items():
+            state = self._group(name, group)
+            floor = StreamEntryId.parse(start)
+            mine = sorted(
+                (
+                    i
+                    for i, p in state.pending.items()
+                    if p.consumer == consumer and _after(i, floor)
+                ),
+                key=StreamEntryId.parse,
+            )[:count]
+            rows = []
+            for entry_id in mine:
+                entry = state.pending[entry_id]
+                entry.count += 1
+                entry.delivered_ms = now
+                rows.append((entry_id, self._streams[name].entries.get(entry_id), entry.count))
+            out[name] = rows
+        return out
+
+    def autoclaim(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, cursor: str, count: int
+    ) -> tuple[str, list[tuple[str, Fields, int]], list[str]]:
+        state = self._group(stream, group)
+        now = self._clock.now_ms()
+        start = StreamEntryId.parse(cursor)
+        candidates = sorted(
+            (i for i in state.pending if StreamEntryId.parse(i) >= start), key=StreamEntryId.parse
+        )
+        claimed: list[tuple[str, Fields, int]] = []
+        deleted: list[str] = []
+        scanned = 0
+        next_cursor = "0-0"
+        for entry_id in candidates:
+            if scanned == count:
+                next_cursor = entry_id
+                break
+            scanned += 1
+            entry = state.pending[entry_id]
+            if now - entry.delivered_ms < min_idle_ms:
+                continue
+            fields = self._streams[stream].entries.get(entry_id)
+            if fields is None:
+                del state.pending[entry_id]
+                deleted.append(entry_id)
+                continue
+            entry.consumer, entry.delivered_ms, entry.count = consumer, now, entry.count + 1
+            claimed.append((entry_id, fields, entry.count))
+        return next_cursor, claimed, deleted
+
+    def ack(self, stream: str, group: str, entry_ids: list[str]) -> int:
+        state = self._group(stream, group)
+        return sum(1 for i in entry_ids if state.pending.pop(i, None) is not None)
+
+    def _group(self, stream: str, group: str) -> Group:
+        target = self._streams.get(stream)
+        if target is None or group not in target.groups:
+            raise NoGroup(f"NOGROUP no group {group!r} on stream {stream!r}")
+        return target.groups[group]
+
+
+def _after(entry_id: str, floor: StreamEntryId) -> bool:
+    return StreamEntryId.parse(entry_id) > floor
+
+
+def _b(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value

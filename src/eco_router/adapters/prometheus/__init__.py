@@ -1,0 +1,1 @@
+"""Prometheus adapter of the metrics port."""

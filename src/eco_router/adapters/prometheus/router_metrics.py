@@ -1,0 +1,124 @@
+"""prometheus-client adapter of `RouterMetrics`, in the `event_router_` family."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from eco_router.application.messages import ShardStats
+from eco_router.application.ports import RouterMetrics
+from eco_router.domain.rejection import RejectReason
+from eco_router.domain.verdict import Verdict
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+
+
+class PrometheusRouterMetrics(RouterMetrics):
+    """Registers the router's metrics on `registry` (one registry per process or test)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._events = Counter(
+            "event_router_events",
+            "Events judged, by domain and verdict.",
+            ["domain", "verdict"],
+            registry=registry,
+        )
+        self._batch_size = Histogram(
+            "event_router_batch_size",
+            "Entries per routed batch.",
+            buckets=_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self._batch_seconds = Histogram(
+            "event_router_batch_processing_seconds",
+            "Time to route one batch: judge, apply, publish, ack.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._published = Counter(
+            "event_router_published", "Events published.", ["domain"], registry=registry
+        )
+        self._end_to_end = Histogram(
+            "event_router_end_to_end_latency_seconds",
+            "Entry written (its id's time) to published.",
+            ["domain"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._publish_errors = Counter(
+            "event_router_publish_errors",
+            "Events whose publish failed (kept unacked, published again later).",
+            registry=registry,
+        )
+        self._dead_letters = Counter(
+            "event_router_dead_letters",
+            "Entries sent to the dead-letter stream, by reason.",
+            ["domain", "reason"],
+            registry=registry,
+        )
+        self._trimmed = Counter(
+            "event_router_trimmed_before_ack",
+            "Entries deleted from their stream before they were acked.",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._reclaimed = Counter(
+            "event_router_reclaimed",
+            "Entries taken over from idle consumers.",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._reclaim_seconds = Histogram(
+            "event_router_reclaim_seconds",
+            "Duration of one shard's reclaim pass.",
+            ["domain", "shard"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._lag = Gauge(
+            "event_router_consumer_lag",
+            "Entries not yet delivered to the group (XINFO GROUPS lag).",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._pending = Gauge(
+            "event_router_pending",
+            "Entries delivered but not acked (XINFO GROUPS pending).",
+            ["domain", "shard"],
+            registry=registry,
+        )
+
+    def batch_routed(self, *, size: int, seconds: float) -> None:
+        self._batch_size.observe(size)
+        self._batch_seconds.observe(seconds)
+
+    def events_judged(self, domain: str, verdict: Verdict, count: int) -> None:
+        self._events.labels(domain, verdict.value).inc(count)
+
+    def events_published(self, domain: str, latencies_ms: Sequence[float]) -> None:
+        self._published.labels(domain).inc(len(latencies_ms))
+        histogram = self._end_to_end.labels(domain)
+        for value in latencies_ms:
+            histogram.observe(value / 1000)
+
+    def publish_failed(self, count: int) -> None:
+        self._publish_errors.inc(count)
+
+    def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:
+        self._dead_letters.labels(domain, reason.value).inc(count)
+
+    def trimmed_before_ack(self, domain: str, shard: int, count: int) -> None:
+        self._trimmed.labels(domain, str(shard)).inc(count)
+
+    def reclaimed(self, domain: str, shard: int, count: int, seconds: float) -> None:
+        self._reclaimed.labels(domain, str(shard)).inc(count)
+        self._reclaim_seconds.labels(domain, str(shard)).observe(seconds)
+
+    def shard_observed(self, stats: ShardStats) -> None:
+        shard = str(stats.shard)
+        if stats.lag is not None:
+            self._lag.labels(stats.family.domain, shard).set(stats.lag)
+        self._pending.labels(stats.family.domain, shard).set(stats.pending)

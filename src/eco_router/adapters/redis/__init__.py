@@ -1,0 +1,1 @@
+"""Redis adapters: streams source, Lua state store, Pub/Sub broadcaster, dead letters."""

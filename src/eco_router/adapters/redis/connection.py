@@ -1,0 +1,52 @@
+"""Opening and closing the Redis clients the adapters share."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+log = logging.getLogger(__name__)
+
+
+def redis_client(url: str, *, socket_timeout_s: float, client_name: str) -> Redis:
+    """A client for `url` (redis://, rediss://, with user and password) that fails fast."""
+    return Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=2.0,
+        socket_keepalive=True,
+        health_check_interval=15,
+        # One quick retry swaps a pooled connection that died with a restarted server; longer
+        # outages belong to the router's own back-off, which knows what to keep unacked.
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+        client_name=client_name,
+    )
+
+
+@asynccontextmanager
+async def open_redis(
+    url: str, *, socket_timeout_s: float, client_name: str, ping: bool = True
+) -> AsyncIterator[Redis]:
+    """A client that answered PING (fail fast at startup) and is closed on exit."""
+    client = redis_client(url, socket_timeout_s=socket_timeout_s, client_name=client_name)
+    try:
+        if ping:
+            await client.ping()
+        yield client
+    finally:
+        await client.aclose()
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}{sep}{user + ':***' if user else '***'}@{host}"

@@ -1,0 +1,130 @@
+"""The consumer: reads the streams and routes batch after batch until asked to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from eco_router.application.backoff import Backoff
+from eco_router.application.errors import TransientError
+from eco_router.application.messages import Delivery
+from eco_router.application.ports import EventSource
+from eco_router.application.route_batch import RouteBatch
+from eco_router.application.stopping import sleep_unless_stopped
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeLoop:
+    """Read, route, repeat; the one place that decides between retry and moving on.
+
+    - Startup: create missing groups, then finish this consumer's own pending entries
+      (left by an earlier process of the same name) before reading new ones.
+    - Transient errors (a server unreachable, a publish that failed): keep the batch in
+      memory, back off exponentially (bounded) and route it again; read nothing new meanwhile.
+    - Any other error: log it and leave the batch pending; the reclaimer brings it back with
+      its delivery count, so a poison entry ends in the dead-letter stream instead of a loop.
+    - Stop: no new read; an in-flight read and batch are finished (routed and acked) within
+      `drain_grace_s`, whatever is still unsettled after that stays pending for others.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: EventSource,
+        route: RouteBatch,
+        read_count: int,
+        block_ms: int,
+        backoff: Backoff | None = None,
+        drain_grace_s: float = 6.0,
+    ) -> None:
+        self._source = source
+        self._route = route
+        self._read_count = read_count
+        self._block_ms = block_ms
+        self._backoff = backoff or Backoff()
+        self._drain_grace_s = drain_grace_s
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if not await self._prepare(stop):
+            return
+        own_cursor = {s: "0-0" for f in self._source.families for s in f.streams}
+        recovering = True
+        unsettled: Sequence[Delivery] = ()
+        stop_deadline: float | None = None
+        while True:
+            if stop.is_set():
+                stop_deadline = stop_deadline or time.monotonic() + self._drain_grace_s
+                if not unsettled:
+                    return
+                if time.monotonic() >= stop_deadline:
+                    log.warning("stopping with %d entries left pending for reclaim", len(unsettled))
+                    return
+            batch: Sequence[Delivery] = unsettled
+            failed = False
+            try:
+                if not batch and recovering:
+                    batch = await self._source.read_own_pending(
+                        after=own_cursor, count=self._read_count
+                    )
+                    recovering = bool(batch)
+                    for delivery in batch:
+                        own_cursor[delivery.stream] = delivery.entry_id
+                elif not batch:
+                    batch = await self._read_new(stop)
+                unsettled = (await self._route(batch)).unsettled if batch else ()
+                failed = bool(unsettled)
+            except TransientError as error:
+                log.warning("transient failure, will retry: %s", error)
+                unsettled, failed = batch, True
+            except Exception:
+                log.exception("routing failed; the batch stays pending for the reclaimer")
+                unsettled, failed = (), True
+            if failed:
+                await self._pause(stop, stop_deadline)
+            else:
+                self._backoff.reset()
+
+    async def _prepare(self, stop: asyncio.Event) -> bool:
+        while not stop.is_set():
+            try:
+                await self._source.prepare()
+                self._backoff.reset()
+                return True
+            except TransientError as error:
+                log.warning("cannot create consumer groups yet: %s", error)
+                await sleep_unless_stopped(stop, self._backoff.next_delay())
+        return False
+
+    async def _read_new(self, stop: asyncio.Event) -> list[Delivery]:
+        read = asyncio.ensure_future(
+            self._source.read_new(count=self._read_count, block_ms=self._block_ms)
+        )
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if read.done():
+            return read.result()
+        # Entries a blocked read takes are ours once it returns: let it finish and route them.
+        try:
+            async with asyncio.timeout(self._drain_grace_s):
+                return await read
+        except TimeoutError:
+            return []
+        finally:
+            if not read.done():
+                read.cancel()
+                with contextlib.suppress(BaseException):
+                    await read
+
+    async def _pause(self, stop: asyncio.Event, stop_deadline: float | None) -> None:
+        delay = self._backoff.next_delay()
+        if stop_deadline is None:
+            await sleep_unless_stopped(stop, delay)
+        else:
+            await asyncio.sleep(max(0.0, min(delay, stop_deadline - time.monotonic())))

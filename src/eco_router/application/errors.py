@@ -1,0 +1,13 @@
+"""Errors that adapters raise through the ports."""
+
+
+class PortError(Exception):
+    """Base of the errors a port may raise."""
+
+
+class TransientError(PortError):
+    """The infrastructure behind a port is unreachable or timed out: retry later, ack nothing."""
+
+
+class PublishFailed(TransientError):
+    """A publish did not reach the Pub/Sub server; the events it carried are owed a publish."""

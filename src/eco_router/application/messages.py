@@ -1,0 +1,73 @@
+"""Values that cross the ports: deliveries, encoded events, dead letters, shard statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from eco_router.domain.event import JobEvent
+from eco_router.domain.rejection import RejectReason
+from eco_router.domain.streams import StreamFamily
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One stream entry handed to this consumer; `fields` is None when it was deleted unacked."""
+
+    family: StreamFamily
+    stream: str
+    entry_id: str
+    fields: Mapping[bytes, bytes] | None
+    delivery_count: int = 1
+
+    @property
+    def gone(self) -> bool:
+        return self.fields is None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """A valid event with its wire payload, encoded once for the state store and the channel."""
+
+    event: JobEvent
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An entry that cannot be routed, kept with everything needed to inspect or replay it."""
+
+    delivery: Delivery
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPage:
+    """One XAUTOCLAIM-style step: claimed deliveries (gone ones included) and the next cursor."""
+
+    deliveries: list[Delivery]
+    cursor: str
+
+    @property
+    def wrapped(self) -> bool:
+        return self.cursor == "0-0"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStats:
+    """The consumer group's view of one shard."""
+
+    family: StreamFamily
+    stream: str
+    shard: int
+    lag: int | None
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job's state snapshot and history payloads as stored, oldest first."""
+
+    state: bytes | None
+    history: list[bytes]

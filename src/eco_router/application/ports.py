@@ -1,0 +1,153 @@
+"""The ports the use cases depend on; adapters subclass them explicitly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from eco_router.application.messages import (
+    ClaimPage,
+    DeadLetter,
+    Delivery,
+    EncodedEvent,
+    JobView,
+    ShardStats,
+)
+from eco_router.domain.event import JobEvent
+from eco_router.domain.rejection import RejectReason
+from eco_router.domain.streams import StreamFamily
+from eco_router.domain.verdict import Judgement, Verdict
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Sharded streams read through one consumer group as one named consumer."""
+
+    @property
+    def families(self) -> tuple[StreamFamily, ...]:
+        """The stream families this source reads."""
+        ...
+
+    async def prepare(self) -> None:
+        """Create the group on every shard at id 0, with its stream; an existing one is fine."""
+        ...
+
+    async def read_new(self, *, count: int, block_ms: int) -> list[Delivery]:
+        """Up to `count` never-delivered entries per shard, waiting up to `block_ms` for any."""
+        ...
+
+    async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
+        """This consumer's unacknowledged entries after the given ids, with delivery counts."""
+        ...
+
+    async def claim_idle(
+        self, stream: str, *, cursor: str, min_idle_ms: int, count: int
+    ) -> ClaimPage:
+        """Take over entries idle for `min_idle_ms` from any consumer, counting the delivery."""
+        ...
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Acknowledge: the entries leave the pending list for good (one call per stream)."""
+        ...
+
+    async def shard_stats(self) -> list[ShardStats]:
+        """Lag and pending count of the group on every shard."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `TransientError` unless the streams server answers."""
+        ...
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Per-job state snapshot, history and dedup markers."""
+
+    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
+        """Judge the events in order and apply the NEW ones, all in one atomic step."""
+        ...
+
+    async def view(self, domain: str, job_id: str) -> JobView:
+        """The job's current snapshot and history."""
+        ...
+
+
+@runtime_checkable
+class Broadcaster(Protocol):
+    """Per-job Pub/Sub channels."""
+
+    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+        """Publish each payload on its job's channel, in order; `PublishFailed` if any may be lost."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `TransientError` unless the Pub/Sub server answers."""
+        ...
+
+
+@runtime_checkable
+class DeadLetterSink(Protocol):
+    """Where entries that cannot be routed are kept for inspection and replay."""
+
+    async def send(self, letters: Sequence[DeadLetter]) -> None:
+        """Store every letter in its family's dead-letter stream before the entry is acked."""
+        ...
+
+
+@runtime_checkable
+class EventEncoder(Protocol):
+    """Turns a routed event into the payload written to state, history and channel."""
+
+    def encode(self, event: JobEvent) -> bytes:
+        """The JSON payload of the event; deterministic for equal events."""
+        ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Wall-clock and monotonic time, injectable for tests."""
+
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch, comparable with stream entry ids."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin, for durations."""
+        ...
+
+
+@runtime_checkable
+class RouterMetrics(Protocol):
+    """What the router reports about its work, aggregated per batch where possible."""
+
+    def batch_routed(self, *, size: int, seconds: float) -> None:
+        """One batch went through routing."""
+        ...
+
+    def events_judged(self, domain: str, verdict: Verdict, count: int) -> None:
+        """`count` events of `domain` got `verdict`."""
+        ...
+
+    def events_published(self, domain: str, latencies_ms: Sequence[float]) -> None:
+        """Events published, each with its entry-written → published latency."""
+        ...
+
+    def publish_failed(self, count: int) -> None:
+        """A publish carrying `count` events failed."""
+        ...
+
+    def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:
+        """Entries sent to the dead-letter stream."""
+        ...
+
+    def trimmed_before_ack(self, domain: str, shard: int, count: int) -> None:
+        """Entries deleted from the stream while still pending."""
+        ...
+
+    def reclaimed(self, domain: str, shard: int, count: int, seconds: float) -> None:
+        """One shard's reclaim pass took over `count` entries."""
+        ...
+
+    def shard_observed(self, stats: ShardStats) -> None:
+        """Fresh lag and pending figures for one shard."""
+        ...

@@ -1,0 +1,169 @@
+"""Use case: route one batch of deliveries."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from eco_router.application.errors import PublishFailed
+from eco_router.application.messages import DeadLetter, Delivery, EncodedEvent
+from eco_router.application.ports import (
+    Broadcaster,
+    Clock,
+    DeadLetterSink,
+    EventEncoder,
+    EventSource,
+    RouterMetrics,
+    StateStore,
+)
+from eco_router.domain.event import JobEvent, StreamEntryId
+from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
+from eco_router.domain.rejection import Rejection, RejectReason
+from eco_router.domain.streams import shard_of
+from eco_router.domain.verdict import Judgement, Verdict, in_judging_order
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RouteResult:
+    """What became of a batch; `unsettled` deliveries are owed a publish and were not acked."""
+
+    verdicts: Counter[Verdict] = field(default_factory=Counter)
+    unsettled: list[Delivery] = field(default_factory=list)
+    error: PublishFailed | None = None
+
+
+class RouteBatch:
+    """Route a batch: judge, apply, publish, dead-letter, acknowledge.
+
+    - Entries deleted before they were acked are acked and counted; nothing else can be done.
+    - An entry delivered more than `max_deliveries` times is dead-lettered unread (poison).
+    - An entry that does not parse is INVALID and dead-lettered with its reason.
+    - Each job's events are judged in seq order, the whole batch in one atomic store call.
+    - NEW events are published in that order; DUPLICATE and STALE ones are only acked.
+    - Publish-then-ack: when the publish fails, the NEW entries stay unacked and are returned
+      as unsettled, so a retry (or another consumer) publishes them; everything else is acked.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: EventSource,
+        store: StateStore,
+        broadcaster: Broadcaster,
+        dead_letters: DeadLetterSink,
+        encoder: EventEncoder,
+        metrics: RouterMetrics,
+        clock: Clock,
+        max_deliveries: int,
+        max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
+    ) -> None:
+        self._source = source
+        self._store = store
+        self._broadcaster = broadcaster
+        self._dead_letters = dead_letters
+        self._encoder = encoder
+        self._metrics = metrics
+        self._clock = clock
+        self._max_deliveries = max_deliveries
+        self._max_field_bytes = max_field_bytes
+
+    async def __call__(self, deliveries: Sequence[Delivery]) -> RouteResult:
+        started = self._clock.monotonic()
+        result = RouteResult()
+        letters: list[DeadLetter] = []
+        events: list[JobEvent] = []
+        by_entry: dict[tuple[str, str], Delivery] = {}
+        for delivery in deliveries:
+            outcome = self._triage(delivery)
+            if isinstance(outcome, JobEvent):
+                events.append(outcome)
+                by_entry[(delivery.stream, delivery.entry_id)] = delivery
+            elif outcome is not None:
+                letters.append(DeadLetter(delivery, outcome.reason, outcome.detail))
+
+        encoded = [EncodedEvent(e, self._encoder.encode(e)) for e in in_judging_order(events)]
+        judgements = await self._store.apply(encoded) if encoded else []
+
+        to_publish = [item for item, j in zip(encoded, judgements, strict=True) if j.publish]
+        try:
+            if to_publish:
+                await self._broadcaster.publish(to_publish)
+        except PublishFailed as error:
+            self._metrics.publish_failed(len(to_publish))
+            log.warning(
+                "publish of %d events failed, keeping them unacked: %s", len(to_publish), error
+            )
+            result.error = error
+            result.unsettled = [by_entry[_entry_key(item.event)] for item in to_publish]
+        else:
+            self._report_published(to_publish)
+
+        if letters:
+            await self._dead_letters.send(letters)
+        unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
+        await self._source.ack([d for d in deliveries if (d.stream, d.entry_id) not in unsettled])
+
+        self._report(result, letters, encoded, judgements, deliveries, started)
+        return result
+
+    def _triage(self, delivery: Delivery) -> JobEvent | Rejection | None:
+        if delivery.fields is None:
+            return None
+        if delivery.delivery_count > self._max_deliveries:
+            return Rejection(
+                RejectReason.MAX_DELIVERIES,
+                f"delivered {delivery.delivery_count} times (max {self._max_deliveries})",
+            )
+        return parse_entry(
+            domain=delivery.family.domain,
+            stream=delivery.stream,
+            entry_id=delivery.entry_id,
+            fields=delivery.fields,
+            max_field_bytes=self._max_field_bytes,
+        )
+
+    def _report_published(self, published: Sequence[EncodedEvent]) -> None:
+        now_ms = self._clock.now_ms()
+        latencies: defaultdict[str, list[float]] = defaultdict(list)
+        for item in published:
+            written_ms = StreamEntryId.parse(item.event.stream_id).ms
+            latencies[item.event.domain].append(float(max(0, now_ms - written_ms)))
+        for domain, values in latencies.items():
+            self._metrics.events_published(domain, values)
+
+    def _report(
+        self,
+        result: RouteResult,
+        letters: Sequence[DeadLetter],
+        encoded: Sequence[EncodedEvent],
+        judgements: Sequence[Judgement],
+        deliveries: Sequence[Delivery],
+        started: float,
+    ) -> None:
+        per_domain: Counter[tuple[str, Verdict]] = Counter()
+        for item, judgement in zip(encoded, judgements, strict=True):
+            per_domain[(item.event.domain, judgement.verdict)] += 1
+        dead: Counter[tuple[str, RejectReason]] = Counter()
+        for letter in letters:
+            dead[(letter.delivery.family.domain, letter.reason)] += 1
+            if letter.reason is not RejectReason.MAX_DELIVERIES:
+                per_domain[(letter.delivery.family.domain, Verdict.INVALID)] += 1
+        gone: Counter[tuple[str, int]] = Counter(
+            (d.family.domain, shard_of(d.stream)) for d in deliveries if d.gone
+        )
+        for (domain, verdict), count in per_domain.items():
+            self._metrics.events_judged(domain, verdict, count)
+            result.verdicts[verdict] += count
+        for (domain, reason), count in dead.items():
+            self._metrics.dead_lettered(domain, reason, count)
+        for (domain, shard), count in gone.items():
+            self._metrics.trimmed_before_ack(domain, shard, count)
+        self._metrics.batch_routed(size=len(deliveries), seconds=self._clock.monotonic() - started)
+
+
+def _entry_key(event: JobEvent) -> tuple[str, str]:
+    return (event.stream, event.stream_id)

@@ -1,0 +1,1 @@
+"""Pure rules of event routing: values and decisions, no I/O."""

@@ -1,0 +1,69 @@
+"""The job-progress event as the router understands it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class StreamEntryId:
+    """A Redis stream entry id, `<milliseconds>-<sequence>`."""
+
+    ms: int
+    sequence: int
+
+    @classmethod
+    def parse(cls, text: str) -> StreamEntryId:
+        ms, _, sequence = text.partition("-")
+        return cls(int(ms), int(sequence or 0))
+
+    def __str__(self) -> str:
+        return f"{self.ms}-{self.sequence}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One valid progress event of one job, read from one stream entry."""
+
+    domain: str
+    stream: str
+    stream_id: str
+    job_id: str
+    seq: int
+    stage: str | None = None
+    status: str | None = None
+    ts: str | None = None
+    progress: int | None = None
+    result: Any = None
+    has_result: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def job_key(self) -> tuple[str, str]:
+        return (self.domain, self.job_id)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Done or failed: nothing follows for this job."""
+        return self.stage == "done" or self.status in {"done", "failed"}
+
+    def as_payload(self) -> dict[str, Any]:
+        """The routed message: the entry's fields, typed, plus where it came from."""
+        payload: dict[str, Any] = dict(self.extra)
+        payload["job_id"] = self.job_id
+        payload["seq"] = self.seq
+        for name in ("stage", "status", "ts"):
+            value = getattr(self, name)
+            if value is not None:
+                payload[name] = value
+        if self.progress is not None:
+            payload["progress"] = self.progress
+        if self.has_result:
+            payload["result"] = self.result
+        payload["stream_id"] = self.stream_id
+        payload["domain"] = self.domain
+        return payload

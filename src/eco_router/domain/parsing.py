@@ -1,0 +1,90 @@
+"""Turning a raw stream entry into a `JobEvent` or a `Rejection`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+from eco_router.domain.event import RESERVED_FIELDS, JobEvent
+from eco_router.domain.rejection import Rejection, RejectReason
+
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+DEFAULT_MAX_FIELD_BYTES = 64 * 1024
+# Seqs are compared as Lua numbers (doubles) in Redis: keep them exactly representable.
+MAX_SEQ = 2**53 - 1
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_entry(
+    *,
+    domain: str,
+    stream: str,
+    entry_id: str,
+    fields: Mapping[bytes, bytes],
+    max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
+) -> JobEvent | Rejection:
+    """Validate one entry; every way it can be wrong becomes a `Rejection`, never an exception."""
+    text: dict[str, str] = {}
+    for raw_name, raw_value in fields.items():
+        if len(raw_value) > max_field_bytes:
+            return Rejection(
+                RejectReason.FIELD_TOO_LARGE,
+                f"field {raw_name[:64]!r} has {len(raw_value)} bytes (max {max_field_bytes})",
+            )
+        try:
+            text[raw_name.decode()] = raw_value.decode()
+        except UnicodeDecodeError:
+            return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
+
+    job_id = text.get("job_id", "")
+    if not job_id:
+        return Rejection(RejectReason.MISSING_JOB_ID, "no job_id field")
+    if JOB_ID_PATTERN.fullmatch(job_id) is None:
+        return Rejection(
+            RejectReason.INVALID_JOB_ID, "job_id must be 1-128 characters of [A-Za-z0-9_.:-]"
+        )
+
+    raw_seq = text.get("seq", "")
+    if not raw_seq:
+        return Rejection(RejectReason.MISSING_SEQ, "no seq field")
+    if _INTEGER.fullmatch(raw_seq) is None:
+        return Rejection(RejectReason.SEQ_NOT_INTEGER, f"seq {raw_seq[:32]!r} is not an integer")
+    seq = int(raw_seq)
+    if seq > MAX_SEQ:
+        return Rejection(RejectReason.SEQ_NOT_INTEGER, f"seq {seq} is above {MAX_SEQ}")
+    if seq < 0:
+        return Rejection(RejectReason.SEQ_NEGATIVE, f"seq {seq} is negative")
+
+    progress: int | None = None
+    raw_progress = text.get("progress", "")
+    if raw_progress:
+        if _INTEGER.fullmatch(raw_progress) is None:
+            return Rejection(
+                RejectReason.PROGRESS_NOT_INTEGER,
+                f"progress {raw_progress[:32]!r} is not an integer",
+            )
+        progress = int(raw_progress)
+
+    has_result = "result" in text
+    result: object = None
+    if has_result:
+        try:
+            result = json.loads(text["result"])
+        except ValueError as error:
+            return Rejection(RejectReason.RESULT_NOT_JSON, f"result is not JSON: {error}")
+
+    return JobEvent(
+        domain=domain,
+        stream=stream,
+        stream_id=entry_id,
+        job_id=job_id,
+        seq=seq,
+        stage=text.get("stage"),
+        status=text.get("status"),
+        ts=text.get("ts"),
+        progress=progress,
+        result=result,
+        has_result=has_result,
+        extra={name: value for name, value in text.items() if name not in RESERVED_FIELDS},
+    )

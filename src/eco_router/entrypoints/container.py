@@ -1,0 +1,155 @@
+"""The composition root: every adapter and use case, wired top-down."""
+
+from __future__ import annotations
+
+from dependency_injector import containers, providers
+from prometheus_client import CollectorRegistry
+
+from eco_router.adapters.json_encoder import OrjsonEventEncoder
+from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
+from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
+from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.state_store import InMemoryStateStore
+from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
+from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
+from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
+from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.system_clock import SystemClock
+from eco_router.application.check_readiness import CheckReadiness
+from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.observe_shards import ObserveShards
+from eco_router.application.reclaim_pending import ReclaimPending
+from eco_router.application.route_batch import RouteBatch
+from eco_router.application.router_service import RouterService
+from eco_router.entrypoints.settings import Settings
+
+
+class Container(containers.DeclarativeContainer):
+    """Redis adapters by default; `use_in_memory()` swaps in the in-memory ones."""
+
+    settings = providers.Dependency(instance_of=Settings)
+
+    clock = providers.Singleton(SystemClock)
+    metrics_registry = providers.Singleton(CollectorRegistry)
+    metrics = providers.Singleton(PrometheusRouterMetrics, registry=metrics_registry)
+    encoder = providers.Singleton(OrjsonEventEncoder)
+
+    streams_redis = providers.Resource(
+        open_redis,
+        url=settings.provided.redis_streams_url,
+        socket_timeout_s=settings.provided.streams_socket_timeout_s,
+        client_name="eco-router-streams",
+    )
+    pubsub_redis = providers.Resource(
+        open_redis,
+        url=settings.provided.pubsub_url,
+        socket_timeout_s=5.0,
+        client_name="eco-router-pubsub",
+    )
+
+    event_source = providers.Singleton(
+        RedisStreamEventSource,
+        streams_redis,
+        families=settings.provided.streams,
+        group=settings.provided.consumer_group,
+        consumer=settings.provided.consumer_name,
+    )
+    state_store = providers.Singleton(
+        RedisLuaStateStore,
+        streams_redis,
+        state_ttl_s=settings.provided.state_ttl_s,
+        markers_ttl_s=settings.provided.published_ttl_s,
+        history_size=settings.provided.history_size,
+    )
+    broadcaster = providers.Singleton(
+        RedisPubSubBroadcaster, pubsub_redis, channel_prefix=settings.provided.channel_prefix
+    )
+    dead_letters = providers.Singleton(RedisStreamDeadLetterSink, streams_redis)
+
+    route_batch = providers.Singleton(
+        RouteBatch,
+        source=event_source,
+        store=state_store,
+        broadcaster=broadcaster,
+        dead_letters=dead_letters,
+        encoder=encoder,
+        metrics=metrics,
+        clock=clock,
+        max_deliveries=settings.provided.max_deliveries,
+        max_field_bytes=settings.provided.max_field_bytes,
+    )
+    consume_loop = providers.Singleton(
+        ConsumeLoop,
+        source=event_source,
+        route=route_batch,
+        read_count=settings.provided.read_count,
+        block_ms=settings.provided.read_block_ms,
+    )
+    reclaim_pending = providers.Singleton(
+        ReclaimPending,
+        source=event_source,
+        route=route_batch,
+        metrics=metrics,
+        clock=clock,
+        min_idle_ms=settings.provided.reclaim_min_idle_ms,
+        page_size=settings.provided.read_count,
+    )
+    observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
+    router = providers.Singleton(
+        RouterService,
+        consume=consume_loop,
+        reclaim=reclaim_pending,
+        observe=observe_shards,
+        reclaim_interval_s=settings.provided.reclaim_interval_s,
+        observe_interval_s=settings.provided.stats_interval_s,
+    )
+    check_readiness = providers.Singleton(
+        CheckReadiness,
+        source=event_source,
+        broadcaster=broadcaster,
+        router=router,
+    )
+
+    memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
+
+
+def use_in_memory(container: Container) -> None:
+    """Replace every Redis adapter with its in-memory twin (no sockets are opened)."""
+    settings = container.settings
+    container.streams_redis.override(providers.Object(None))
+    container.pubsub_redis.override(providers.Object(None))
+    container.event_source.override(
+        providers.Singleton(
+            InMemoryEventSource,
+            container.memory_streams,
+            families=settings.provided.streams,
+            group=settings.provided.consumer_group,
+            consumer=settings.provided.consumer_name,
+        )
+    )
+    container.state_store.override(
+        providers.Singleton(
+            InMemoryStateStore,
+            clock=container.clock,
+            state_ttl_s=settings.provided.state_ttl_s,
+            markers_ttl_s=settings.provided.published_ttl_s,
+            history_size=settings.provided.history_size,
+        )
+    )
+    container.broadcaster.override(
+        providers.Singleton(InMemoryBroadcaster, channel_prefix=settings.provided.channel_prefix)
+    )
+    container.dead_letters.override(
+        providers.Singleton(InMemoryDeadLetterSink, container.memory_streams)
+    )
+
+
+def build_container(settings: Settings, *, in_memory: bool = False) -> Container:
+    """A fresh container for `settings`; nothing is resolved yet."""
+    container = Container(settings=settings)
+    if in_memory:
+        use_in_memory(container)
+    return container

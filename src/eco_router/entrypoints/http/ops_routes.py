@@ -1,0 +1,41 @@
+"""Liveness, readiness and metrics routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dependency_injector.wiring import Provide, inject
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from eco_router.application.check_readiness import CheckReadiness
+from eco_router.entrypoints.container import Container
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+@inject
+async def ready(
+    check: CheckReadiness = Depends(Provide[Container.check_readiness]),  # noqa: B008
+) -> JSONResponse:
+    return readiness_response(await check())
+
+
+@router.get("/metrics")
+@inject
+async def metrics(
+    registry: CollectorRegistry = Depends(Provide[Container.metrics_registry]),  # noqa: B008
+) -> Response:
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def readiness_response(checks: dict[str, Any]) -> JSONResponse:
+    ready = all(value == "ok" for value in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

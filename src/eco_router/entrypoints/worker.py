@@ -1,0 +1,69 @@
+"""The worker process: the router plus a small health and metrics server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Generator
+
+import uvicorn
+
+from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.app import create_app
+from eco_router.entrypoints.runner import RouterRunner
+
+log = logging.getLogger(__name__)
+
+
+class _OpsServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the worker's stop event governs shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    @property
+    def bound_port(self) -> int | None:
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return None
+
+
+async def serve(container: Container, stop: asyncio.Event) -> None:
+    """Run until `stop` is set, then drain and close; tests drive this directly."""
+    settings = container.settings()
+    app = create_app(container, run_router=False)
+    config = uvicorn.Config(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+    )
+    server = _OpsServer(config)
+    async with RouterRunner(container) as runner:
+        http = asyncio.create_task(server.serve(), name="ops-http")
+        # uvicorn exposes `started` as a flag only, so poll it briefly.
+        while not server.started and not http.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if not server.started:
+            raise RuntimeError(f"cannot serve HTTP on {settings.http_host}:{settings.http_port}")
+        log.info(
+            "worker %s ready; health and metrics on http://%s:%s",
+            settings.consumer_name,
+            settings.http_host,
+            server.bound_port,
+        )
+        stopped = asyncio.create_task(stop.wait())
+        router_ended = asyncio.create_task(runner.wait())
+        await asyncio.wait({stopped, router_ended}, return_when=asyncio.FIRST_COMPLETED)
+        log.info("stopping: draining the in-flight batch")
+        stopped.cancel()
+    server.should_exit = True
+    await http
+    if router_ended.done() and not router_ended.cancelled() and router_ended.exception():
+        raise RuntimeError("the router stopped on an error") from router_ended.exception()
+    router_ended.cancel()
