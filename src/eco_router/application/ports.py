@@ -77,7 +77,7 @@ class Broadcaster(Protocol):
     """Per-job Pub/Sub channels."""
 
     async def publish(self, events: Sequence[EncodedEvent]) -> None:
-        """Publish each payload on its job's channel, in order; `PublishFailed` if any may be lost."""
+        """Publish each payload on its job's channel in order; `PublishFailed` if any is lost."""
         ...
 
     async def ping(self) -> None:

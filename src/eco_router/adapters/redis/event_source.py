@@ -130,9 +130,9 @@ class RedisStreamEventSource(EventSource):
         reply: Any = await self._redis.xreadgroup(
             self._group,
             self._consumer,
-            streams,
+            streams,  # type: ignore[arg-type]
             count=count,
-            block=block_ms,  # type: ignore[arg-type]
+            block=block_ms,
         )
         if not reply:
             return []
