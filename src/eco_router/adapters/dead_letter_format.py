@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from eco_router.application.messages import DeadLetter
 
@@ -23,3 +25,35 @@ def dead_letter_fields(letter: DeadLetter) -> dict[bytes, bytes]:
     for name, value in (delivery.fields or {}).items():
         fields[FIELD_PREFIX + name] = value
     return fields
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDeadLetter:
+    """A dead-letter entry read back: where it came from, why, and its original fields."""
+
+    dlq_id: str
+    stream: str
+    entry_id: str
+    reason: str
+    detail: str
+    deliveries: int
+    dead_at_ms: int
+    fields: dict[bytes, bytes]
+
+
+def read_dead_letter(dlq_id: str, fields: Mapping[bytes, bytes]) -> StoredDeadLetter:
+    """Parse an entry written by `dead_letter_fields`."""
+
+    def text(name: bytes) -> str:
+        return fields.get(name, b"").decode(errors="replace")
+
+    return StoredDeadLetter(
+        dlq_id=dlq_id,
+        stream=text(b"stream"),
+        entry_id=text(b"id"),
+        reason=text(b"reason"),
+        detail=text(b"detail"),
+        deliveries=int(text(b"deliveries") or 0),
+        dead_at_ms=int(text(b"dead_at_ms") or 0),
+        fields={k[len(FIELD_PREFIX) :]: v for k, v in fields.items() if k.startswith(FIELD_PREFIX)},
+    )

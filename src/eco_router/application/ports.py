@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from eco_router.application.messages import (
     ClaimPage,
@@ -99,7 +99,7 @@ class EventEncoder(Protocol):
     """Turns a routed event into the payload written to state, history and channel."""
 
     def encode(self, event: JobEvent) -> bytes:
-        """The JSON payload of the event; deterministic for equal events."""
+        """The JSON payload of the event; deterministic; TypeError/ValueError if unencodable."""
         ...
 
 
@@ -150,4 +150,22 @@ class RouterMetrics(Protocol):
 
     def shard_observed(self, stats: ShardStats) -> None:
         """Fresh lag and pending figures for one shard."""
+        ...
+
+
+@runtime_checkable
+class ProgressPublisher(Protocol):
+    """Anything that publishes a job's stage event (the Redis or the in-memory producer)."""
+
+    async def publish_stage_event(
+        self,
+        job_id: str,
+        stage: str,
+        status: str,
+        *,
+        result: Any = None,
+        progress: int | None = None,
+        seq: int | None = None,
+    ) -> str:
+        """Append the event once; returns its stream entry id."""
         ...

@@ -85,7 +85,16 @@ class RouteBatch:
             elif outcome is not None:
                 letters.append(DeadLetter(delivery, outcome.reason, outcome.detail))
 
-        encoded = [EncodedEvent(e, self._encoder.encode(e)) for e in in_judging_order(events)]
+        encoded: list[EncodedEvent] = []
+        for event in in_judging_order(events):
+            try:
+                encoded.append(EncodedEvent(event, self._encoder.encode(event)))
+            except (TypeError, ValueError) as error:
+                # A result the encoder cannot write (a 2**64 integer) must not hold up the batch.
+                delivery = by_entry.pop(_entry_key(event))
+                letters.append(
+                    DeadLetter(delivery, RejectReason.RESULT_NOT_JSON, f"cannot encode: {error}")
+                )
         judgements = await self._store.apply(encoded) if encoded else []
 
         to_publish = [item for item, j in zip(encoded, judgements, strict=True) if j.publish]

@@ -48,9 +48,9 @@ def parse_entry(
     raw_seq = text.get("seq", "")
     if not raw_seq:
         return Rejection(RejectReason.MISSING_SEQ, "no seq field")
-    if _INTEGER.fullmatch(raw_seq) is None:
+    seq = _integer(raw_seq)
+    if seq is None:
         return Rejection(RejectReason.SEQ_NOT_INTEGER, f"seq {raw_seq[:32]!r} is not an integer")
-    seq = int(raw_seq)
     if seq > MAX_SEQ:
         return Rejection(RejectReason.SEQ_NOT_INTEGER, f"seq {seq} is above {MAX_SEQ}")
     if seq < 0:
@@ -59,19 +59,20 @@ def parse_entry(
     progress: int | None = None
     raw_progress = text.get("progress", "")
     if raw_progress:
-        if _INTEGER.fullmatch(raw_progress) is None:
+        progress = _integer(raw_progress)
+        # Bounded like seq: readers of the JSON payload hold numbers as doubles.
+        if progress is None or abs(progress) > MAX_SEQ:
             return Rejection(
                 RejectReason.PROGRESS_NOT_INTEGER,
-                f"progress {raw_progress[:32]!r} is not an integer",
+                f"progress {raw_progress[:32]!r} is not an integer of at most {MAX_SEQ}",
             )
-        progress = int(raw_progress)
 
     has_result = "result" in text
     result: object = None
     if has_result:
         try:
             result = json.loads(text["result"])
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             return Rejection(RejectReason.RESULT_NOT_JSON, f"result is not JSON: {error}")
 
     return JobEvent(
@@ -88,3 +89,13 @@ def parse_entry(
         has_result=has_result,
         extra={name: value for name, value in text.items() if name not in RESERVED_FIELDS},
     )
+
+
+def _integer(text: str) -> int | None:
+    """The decimal integer `text` spells, or None; never raises, however long the digits."""
+    if _INTEGER.fullmatch(text) is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        return None

@@ -41,6 +41,6 @@ def shard_for(job_id: str, shards: int) -> int:
 def shard_of(stream: str) -> int:
     """The shard number at the end of a stream name."""
     _, _, tail = stream.rpartition(":")
-    if not tail.isdigit():
+    if not (tail.isascii() and tail.isdigit()):
         raise InvalidStreamName(f"stream {stream!r} does not end in a shard number")
     return int(tail)

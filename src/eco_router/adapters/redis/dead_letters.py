@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.dead_letter_format import dead_letter_fields
+from eco_router.adapters.dead_letter_format import (
+    StoredDeadLetter,
+    dead_letter_fields,
+    read_dead_letter,
+)
 from eco_router.adapters.redis.errors import transient_errors
 from eco_router.application.messages import DeadLetter
 from eco_router.application.ports import DeadLetterSink
+from eco_router.domain.streams import StreamFamily
 
 
 class RedisStreamDeadLetterSink(DeadLetterSink):
@@ -32,3 +39,70 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
                         approximate=True,
                     )
                 await pipe.execute()
+
+
+class RedisDeadLetterArchive:
+    """Reads dead letters back and replays them onto their original stream after a fix."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def oldest(self, family: StreamFamily, *, count: int = 100) -> list[StoredDeadLetter]:
+        """The oldest `count` dead letters of the family."""
+        with transient_errors("XRANGE dead letters"):
+            entries = await self._redis.xrange(family.dead_letter_stream, count=count)
+        return _letters(entries)
+
+    async def replay(self, family: StreamFamily, dlq_ids: Sequence[str] | None) -> list[Replayed]:
+        """Put the letters (all when `dlq_ids` is None) back on their stream, then delete them.
+
+        The original fields go back byte for byte under a new entry id; a replay interrupted
+        between the two steps may append twice, which the router's dedup absorbs.
+        """
+        letters = await self._select(family, dlq_ids)
+        replayed = []
+        for letter in letters:
+            if letter.stream not in family.streams:
+                raise ValueError(
+                    f"dead letter {letter.dlq_id} names stream {letter.stream!r}, "
+                    f"which is not a shard of {family.prefix}"
+                )
+            with transient_errors("replay dead letter"):
+                new_id = await self._redis.xadd(letter.stream, dict(letter.fields))  # type: ignore[arg-type]
+                await self._redis.xdel(family.dead_letter_stream, letter.dlq_id)
+            replayed.append(Replayed(letter.dlq_id, letter.stream, _text(new_id)))
+        return replayed
+
+    async def _select(
+        self, family: StreamFamily, dlq_ids: Sequence[str] | None
+    ) -> list[StoredDeadLetter]:
+        if dlq_ids is None:
+            with transient_errors("XRANGE dead letters"):
+                entries = await self._redis.xrange(family.dead_letter_stream)
+            return _letters(entries)
+        letters = []
+        for dlq_id in dlq_ids:
+            with transient_errors("XRANGE dead letter"):
+                entries = await self._redis.xrange(family.dead_letter_stream, dlq_id, dlq_id)
+            found = _letters(entries)
+            if not found:
+                raise LookupError(f"no dead letter {dlq_id} in {family.dead_letter_stream}")
+            letters += found
+        return letters
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One dead letter put back: its dead-letter id, the stream and the new entry id."""
+
+    dlq_id: str
+    stream: str
+    new_id: str
+
+
+def _letters(entries: Any) -> list[StoredDeadLetter]:
+    return [read_dead_letter(_text(i), fields) for i, fields in entries or ()]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

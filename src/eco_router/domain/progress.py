@@ -1,0 +1,124 @@
+"""What a producer may publish: statuses, the stage plan and the deterministic seq rule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from eco_router.domain.errors import DomainError
+from eco_router.domain.parsing import JOB_ID_PATTERN, MAX_SEQ
+
+DEFAULT_STAGES = ("vision", "rule", "answer", "reward")
+
+
+class Status(StrEnum):
+    """The statuses a job-progress event can carry."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DONE = "done"
+
+
+_STAGE_OFFSET = {Status.STARTED: 0, Status.COMPLETED: 1, Status.FAILED: 2}
+
+
+class InvalidProgressEvent(DomainError, ValueError):
+    """A progress event refused before anything is written; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """The ordered stages of a domain's pipeline, which fix every event's seq.
+
+    `queued` is 0; the n-th stage (1-based) is n·10 when started, n·10+1 when completed and
+    n·10+2 when failed; `done` is (stages+1)·10+1, above everything else. A retried call gets
+    the same seq and `failed` never collides with `started`.
+    """
+
+    stages: tuple[str, ...] = DEFAULT_STAGES
+
+    def __post_init__(self) -> None:
+        if not self.stages or len(set(self.stages)) != len(self.stages):
+            raise InvalidProgressEvent("a stage plan needs distinct, non-empty stage names")
+
+    @property
+    def done_seq(self) -> int:
+        return (len(self.stages) + 1) * 10 + 1
+
+    def seq_for(self, stage: str, status: Status) -> int:
+        if status is Status.QUEUED:
+            return 0
+        if status is Status.DONE:
+            return self.done_seq
+        if stage not in self.stages:
+            raise InvalidProgressEvent(
+                f"stage {stage!r} is not in the plan {list(self.stages)}; pass seq explicitly"
+            )
+        return (self.stages.index(stage) + 1) * 10 + _STAGE_OFFSET[status]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """A validated event ready to be written to its stream."""
+
+    job_id: str
+    stage: str
+    status: Status
+    seq: int
+    progress: int | None = None
+    result: Any = None
+    has_result: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def idempotency_suffix(self) -> str:
+        """What makes two publishes "the same event": the job, the stage and the status."""
+        return f"{self.job_id}:{self.stage}:{self.status.value}"
+
+
+def progress_event(
+    job_id: str,
+    stage: str,
+    status: str,
+    *,
+    plan: StagePlan,
+    result: Any = None,
+    has_result: bool = False,
+    progress: int | None = None,
+    seq: int | None = None,
+) -> ProgressEvent:
+    """Validate a producer's call; every problem raises `InvalidProgressEvent`."""
+    if not isinstance(job_id, str) or JOB_ID_PATTERN.fullmatch(job_id) is None:
+        raise InvalidProgressEvent(f"job_id {job_id!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    try:
+        known = Status(status)
+    except ValueError:
+        raise InvalidProgressEvent(
+            f"unknown status {status!r}; expected one of {[s.value for s in Status]}"
+        ) from None
+    if not stage or not isinstance(stage, str):
+        raise InvalidProgressEvent("stage must be a non-empty string")
+    if progress is not None and (
+        isinstance(progress, bool) or not isinstance(progress, int) or not 0 <= progress <= 100
+    ):
+        raise InvalidProgressEvent(f"progress {progress!r} must be an integer from 0 to 100")
+    if isinstance(result, float) and not math.isfinite(result):
+        raise InvalidProgressEvent("result must be JSON-encodable (no NaN or infinity)")
+    if seq is None:
+        seq = plan.seq_for(stage, known)
+    elif isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+        raise InvalidProgressEvent(f"seq {seq!r} must be an integer from 0 to {MAX_SEQ}")
+    return ProgressEvent(
+        job_id=job_id,
+        stage=stage,
+        status=known,
+        seq=seq,
+        progress=progress,
+        result=result,
+        has_result=has_result or result is not None,
+    )

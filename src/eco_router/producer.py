@@ -1,0 +1,72 @@
+"""Publishing job-progress events from a worker: the public producer API.
+
+    from eco_router.producer import connect, producer_config
+
+    publisher = connect("redis://localhost:6379/0", producer_config(domain="scan", shards=4))
+    entry_id = publisher.publish_stage_event("job-42", "vision", "completed", progress=25)
+
+`connect_async` gives the same for asyncio code. Calls are validated before Redis is touched
+(`InvalidProgressEvent`), the seq is deterministic, and a repeated call within the
+idempotency window returns the first entry's id instead of adding another.
+"""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio
+
+from eco_router.adapters.redis.publisher import (
+    DEFAULT_IDEMPOTENCY_TTL_S,
+    DEFAULT_MAXLEN,
+    AsyncStreamPublisher,
+    ProducerConfig,
+    StreamPublisher,
+)
+from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
+from eco_router.domain.streams import StreamFamily, shard_for
+
+__all__ = [
+    "AsyncStreamPublisher",
+    "InvalidProgressEvent",
+    "ProducerConfig",
+    "StagePlan",
+    "Status",
+    "StreamPublisher",
+    "connect",
+    "connect_async",
+    "producer_config",
+    "shard_for",
+]
+
+
+def producer_config(
+    *,
+    domain: str = "scan",
+    shards: int = 4,
+    stages: tuple[str, ...] = DEFAULT_STAGES,
+    idempotency_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_S,
+    maxlen: int = DEFAULT_MAXLEN,
+) -> ProducerConfig:
+    """Settings for the `{domain}:events:{shard}` streams the router reads."""
+    if shards < 1:
+        raise ValueError("shards must be at least 1")
+    return ProducerConfig(
+        family=StreamFamily(f"{domain}:events", shards),
+        plan=StagePlan(tuple(stages)),
+        idempotency_ttl_s=idempotency_ttl_s,
+        maxlen=maxlen,
+    )
+
+
+def connect(
+    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
+) -> StreamPublisher:
+    """A synchronous publisher on `url` (default config: domain `scan`, 4 shards)."""
+    return StreamPublisher(redis.Redis.from_url(url), config or producer_config())
+
+
+def connect_async(
+    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
+) -> AsyncStreamPublisher:
+    """An asyncio publisher on `url` (default config: domain `scan`, 4 shards)."""
+    return AsyncStreamPublisher(redis.asyncio.Redis.from_url(url), config or producer_config())

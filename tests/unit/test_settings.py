@@ -1,0 +1,103 @@
+"""Configuration from the environment: defaults, parsing and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from eco_router.domain.streams import StreamFamily
+from eco_router.entrypoints.cli import main
+from eco_router.entrypoints.settings import ConfigError, load_settings
+
+ENV_PREFIXES = ("EVENT_ROUTER_", "REDIS_STREAMS_URL", "REDIS_PUBSUB_URL", "POD_NAME")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIXES):
+            monkeypatch.delenv(name)
+
+
+class TestDefaults:
+    def test_defaults_follow_the_documented_contract(self) -> None:
+        settings = load_settings()
+        assert settings.redis_streams_url == "redis://localhost:6379/0"
+        assert settings.pubsub_url == settings.redis_streams_url
+        assert settings.streams == (StreamFamily("scan:events", 4),)
+        assert settings.consumer_group == "eventrouter"
+        assert (settings.read_count, settings.read_block_ms) == (100, 5000)
+        assert (settings.state_ttl_s, settings.published_ttl_s) == (3600, 7200)
+        assert (settings.reclaim_min_idle_ms, settings.reclaim_interval_s) == (300_000, 60)
+        assert (settings.max_deliveries, settings.history_size) == (5, 100)
+        assert settings.channel_prefix == "sse:events"
+        assert settings.http_port == 8001
+
+    def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")
+        assert load_settings().consumer_name == "router-7f9c-abcde"
+
+    def test_consumer_name_falls_back_to_host_and_pid(self) -> None:
+        import os
+
+        assert load_settings().consumer_name.endswith(f"-{os.getpid()}")
+
+
+class TestParsing:
+    def test_several_families_are_read_from_one_variable(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_STREAMS", "scan:events=4, chat:events=2")
+        families = load_settings().streams
+        assert families == (StreamFamily("scan:events", 4), StreamFamily("chat:events", 2))
+        assert families[1].streams == ("chat:events:0", "chat:events:1")
+
+    def test_pubsub_url_may_differ_and_carry_credentials(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", "rediss://router:s3cret@redis-a:6380/1")
+        monkeypatch.setenv("REDIS_PUBSUB_URL", "redis://redis-b:6379/0")
+        settings = load_settings()
+        assert settings.redis_streams_url == "rediss://router:s3cret@redis-a:6380/1"
+        assert settings.pubsub_url == "redis://redis-b:6379/0"
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("EVENT_ROUTER_READ_COUNT", "abc"),
+            ("EVENT_ROUTER_READ_COUNT", "0"),
+            ("EVENT_ROUTER_STREAMS", "scan:events"),
+            ("EVENT_ROUTER_STREAMS", "scan:events=4,scan:other=2"),
+            ("EVENT_ROUTER_STREAMS", "scan:{events}=4"),
+            ("REDIS_STREAMS_URL", "http://localhost:6379"),
+            ("EVENT_ROUTER_MAX_DELIVERIES", "-1"),
+            ("EVENT_ROUTER_HTTP_PORT", "70000"),
+            ("EVENT_ROUTER_LOG_LEVEL", "LOUD"),
+        ],
+    )
+    def test_an_invalid_value_is_refused_naming_the_variable(
+        self, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    ) -> None:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ConfigError, match=variable):
+            load_settings()
+
+    def test_markers_may_not_expire_before_the_state(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_PUBLISHED_TTL_S", "60")
+        with pytest.raises(ConfigError, match="EVENT_ROUTER_PUBLISHED_TTL_S"):
+            load_settings()
+
+    def test_the_cli_exits_2_with_the_message_on_stderr(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_READ_BLOCK_MS", "soon")
+        assert main(["worker"]) == 2
+        assert "EVENT_ROUTER_READ_BLOCK_MS" in capsys.readouterr().err
+
+    def test_the_cli_refuses_a_bad_port_argument(self) -> None:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--port", "http"])
+        assert exit_info.value.code == 2
