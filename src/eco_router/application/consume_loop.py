@@ -47,6 +47,7 @@ class ConsumeLoop:
         self._block_ms = block_ms
         self._backoff = backoff or Backoff()
         self._drain_grace_s = drain_grace_s
+        self._prefetch: asyncio.Task[list[Delivery]] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await self._prepare(stop):
@@ -55,38 +56,43 @@ class ConsumeLoop:
         recovering = True
         unsettled: Sequence[Delivery] = ()
         stop_deadline: float | None = None
-        while True:
-            if stop.is_set():
-                stop_deadline = stop_deadline or time.monotonic() + self._drain_grace_s
-                if not unsettled:
-                    return
-                if time.monotonic() >= stop_deadline:
-                    log.warning("stopping with %d entries left pending for reclaim", len(unsettled))
-                    return
-            batch: Sequence[Delivery] = unsettled
-            failed = False
-            try:
-                if not batch and recovering:
-                    batch = await self._source.read_own_pending(
-                        after=own_cursor, count=self._read_count
-                    )
-                    recovering = bool(batch)
-                    for delivery in batch:
-                        own_cursor[delivery.stream] = delivery.entry_id
-                elif not batch:
-                    batch = await self._read_new(stop)
-                unsettled = (await self._route(batch)).unsettled if batch else ()
-                failed = bool(unsettled)
-            except TransientError as error:
-                log.warning("transient failure, will retry: %s", error)
-                unsettled, failed = batch, True
-            except Exception:
-                log.exception("routing failed; the batch stays pending for the reclaimer")
-                unsettled, failed = (), True
-            if failed:
-                await self._pause(stop, stop_deadline)
-            else:
-                self._backoff.reset()
+        try:
+            while True:
+                if stop.is_set():
+                    stop_deadline = stop_deadline or time.monotonic() + self._drain_grace_s
+                    if not unsettled and self._prefetch is None:
+                        return
+                    if unsettled and time.monotonic() >= stop_deadline:
+                        log.warning("stopping with %d entries left pending", len(unsettled))
+                        return
+                batch: Sequence[Delivery] = unsettled
+                failed = False
+                try:
+                    if not batch and recovering:
+                        batch = await self._source.read_own_pending(
+                            after=own_cursor, count=self._read_count
+                        )
+                        recovering = bool(batch)
+                        for delivery in batch:
+                            own_cursor[delivery.stream] = delivery.entry_id
+                    elif not batch:
+                        batch = await self._read_new(stop)
+                        if batch and not stop.is_set():
+                            self._start_read()
+                    unsettled = (await self._route(batch)).unsettled if batch else ()
+                    failed = bool(unsettled)
+                except TransientError as error:
+                    log.warning("transient failure, will retry: %s", error)
+                    unsettled, failed = batch, True
+                except Exception:
+                    log.exception("routing failed; the batch stays pending for the reclaimer")
+                    unsettled, failed = (), True
+                if failed:
+                    await self._pause(stop, stop_deadline)
+                else:
+                    self._backoff.reset()
+        finally:
+            await self._cancel_prefetch()
 
     async def _prepare(self, stop: asyncio.Event) -> bool:
         while not stop.is_set():
@@ -99,10 +105,17 @@ class ConsumeLoop:
                 await sleep_unless_stopped(stop, self._backoff.next_delay())
         return False
 
-    async def _read_new(self, stop: asyncio.Event) -> list[Delivery]:
-        read = asyncio.ensure_future(
+    def _start_read(self) -> asyncio.Task[list[Delivery]]:
+        # The next batch is read while this one is routed: its round trip and reply parsing
+        # overlap the Lua call and the publish. Batches are still routed one after another.
+        self._prefetch = asyncio.ensure_future(
             self._source.read_new(count=self._read_count, block_ms=self._block_ms)
         )
+        return self._prefetch
+
+    async def _read_new(self, stop: asyncio.Event) -> list[Delivery]:
+        read = self._prefetch or self._start_read()
+        self._prefetch = None
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -121,6 +134,13 @@ class ConsumeLoop:
                 read.cancel()
                 with contextlib.suppress(BaseException):
                     await read
+
+    async def _cancel_prefetch(self) -> None:
+        read, self._prefetch = self._prefetch, None
+        if read is not None:
+            read.cancel()
+            with contextlib.suppress(BaseException):
+                await read
 
     async def _pause(self, stop: asyncio.Event, stop_deadline: float | None) -> None:
         delay = self._backoff.next_delay()

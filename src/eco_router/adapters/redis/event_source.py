@@ -132,7 +132,8 @@ class RedisStreamEventSource(EventSource):
             self._consumer,
             streams,  # type: ignore[arg-type]
             count=count,
-            block=block_ms,
+            # BLOCK 0 waits forever in Redis; the port's 0 means "do not wait".
+            block=block_ms or None,
         )
         if not reply:
             return []
@@ -143,8 +144,10 @@ class RedisStreamEventSource(EventSource):
     def _deliveries(self, stream: bytes | str, entries: Sequence[RawEntry]) -> list[Delivery]:
         name = _text(stream)
         family = self._family_of[name]
+        # redis-py turns the nil fields of an entry deleted while pending into {}; a real
+        # entry always has at least one field.
         return [
-            Delivery(family, name, _text(entry_id), fields)
+            Delivery(family, name, _text(entry_id), fields or None)
             for entry_id, fields in entries
             if entry_id is not None
         ]
@@ -170,7 +173,8 @@ def _text(value: bytes | str) -> str:
 
 
 def _is_nogroup(error: ResponseError) -> bool:
-    return str(error).startswith("NOGROUP")
+    # A read blocked on a stream that gets deleted ends with UNBLOCKED, not NOGROUP.
+    return str(error).startswith(("NOGROUP", "UNBLOCKED"))
 
 
 def _find_group(reply: object, group: str) -> dict[str, Any] | None:

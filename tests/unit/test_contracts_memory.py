@@ -1,0 +1,85 @@
+"""The port contracts run against the in-memory adapters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
+from eco_router.adapters.memory.clock import ManualClock
+from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
+from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.state_store import InMemoryStateStore
+from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.application.ports import Broadcaster, DeadLetterSink, EventSource, StateStore
+from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
+from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
+from tests.contracts.event_source import EventSourceContract
+from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.state_store import StateStoreContract
+
+
+class TestInMemoryEventSource(EventSourceContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self) -> None:
+        self.clock = ManualClock()
+        self.streams = InMemoryStreams(self.clock)
+
+    async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        return InMemoryEventSource(self.streams, families=FAMILIES, group=group, consumer=consumer)
+
+    async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
+        return self.streams.xadd(stream, fields)
+
+    async def delete_entry(self, stream: str, entry_id: str) -> None:
+        self.streams.delete_entry(stream, entry_id)
+
+    async def delete_stream(self, stream: str) -> None:
+        self.streams.delete_stream(stream)
+
+    async def let_time_pass(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    async def cut_server(self, source: EventSource) -> None:
+        assert isinstance(source, InMemoryEventSource)
+        source.available = False
+
+
+class TestInMemoryStateStore(StateStoreContract):
+    async def make_store(self, *, history_size: int = 3) -> StateStore:
+        return InMemoryStateStore(
+            clock=ManualClock(), state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+        )
+
+
+class TestInMemoryBroadcaster(BroadcasterContract):
+    async def make_broadcaster(self) -> Broadcaster:
+        return InMemoryBroadcaster(channel_prefix=PREFIX)
+
+    async def subscribe(self, broadcaster: Broadcaster, channel: str) -> Receive:
+        assert isinstance(broadcaster, InMemoryBroadcaster)
+        queue = broadcaster.subscribe(channel)
+
+        async def receive() -> bytes:
+            async with asyncio.timeout(5):
+                return await queue.get()
+
+        return receive
+
+    async def cut_server(self, broadcaster: Broadcaster) -> None:
+        assert isinstance(broadcaster, InMemoryBroadcaster)
+        broadcaster.available = False
+
+
+class TestInMemoryDeadLetterSink(DeadLetterSinkContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self) -> None:
+        self.streams = InMemoryStreams(ManualClock())
+
+    async def make_sink(self) -> DeadLetterSink:
+        return InMemoryDeadLetterSink(self.streams)
+
+    async def dead_letters(self, stream: str) -> list[Fields]:
+        return [fields for _, fields in self.streams.entries(stream)]

@@ -1,0 +1,184 @@
+"""ReclaimPending: taking over what a crashed or stuck consumer left pending."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from eco_router.adapters.memory.event_source import InMemoryEventSource
+from tests.unit.factories import Harness
+
+MIN_IDLE_MS = 30_000
+
+
+@pytest.fixture
+async def h() -> Harness:
+    harness = Harness(consumer="a")
+    await harness.source.prepare()
+    return harness
+
+
+@pytest.fixture
+def b(h: Harness) -> InMemoryEventSource:
+    """A second consumer of the same group, on the same streams."""
+    return h.consumer_source("b")
+
+
+async def crash_after_reading(h: Harness) -> list[str]:
+    """Consumer A reads every new entry and dies before routing or acking any."""
+    return [d.entry_id for d in await h.read()]
+
+
+class TestTakingOver:
+    async def test_entries_a_crashed_consumer_left_are_routed_and_acked(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        h.xadd("job-1", 1)
+        h.xadd("job-1", 2)
+        h.xadd("job-2", 1)
+        taken = await crash_after_reading(h)
+        assert {p.consumer for p in h.pending().values()} == {"a"}
+        h.clock.advance(MIN_IDLE_MS)
+
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
+
+        assert claimed == len(taken) == 3
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.published_seqs("job-2") == [1]
+        assert h.pending() == {}
+        assert h.metrics.reclaimed_entries == Counter({("scan", 2): 2, ("scan", 3): 1})
+
+    async def test_entries_not_idle_long_enough_are_left_with_their_owner(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        h.xadd("job-1", 1)
+        taken = await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS - 1)
+
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
+
+        assert claimed == 0
+        assert h.broadcaster.sent == []
+        assert {i: (p.consumer, p.count) for i, p in h.pending().items()} == {taken[0]: ("a", 1)}
+
+    async def test_only_the_entries_idle_long_enough_are_taken(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        h.xadd("job-1", 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS // 2)
+        h.xadd("job-2", 1)
+        young = await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS // 2)
+
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
+
+        assert claimed == 1
+        assert h.published_seqs("job-1") == [1]
+        assert h.published_seqs("job-2") == []
+        assert set(h.pending()) == set(young)
+
+    async def test_nothing_pending_claims_nothing(self, h: Harness, b: InMemoryEventSource) -> None:
+        h.xadd("job-1", 1)
+        await h.route(await h.read())
+        h.clock.advance(MIN_IDLE_MS)
+
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
+
+        assert claimed == 0
+        assert h.published_seqs("job-1") == [1]
+        assert h.metrics.reclaimed_entries == Counter()
+
+    async def test_every_entry_is_reached_when_pages_are_smaller_than_the_pending_list(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        for seq in range(1, 8):
+            h.xadd("job-1", seq)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS, page_size=2)()
+
+        assert claimed == 7
+        assert h.published_seqs("job-1") == list(range(1, 8))
+        assert h.pending() == {}
+
+    async def test_paging_skips_young_entries_without_stopping(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        old = [h.xadd("job-1", 1), h.xadd("job-1", 2)]
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        young = [h.xadd("job-1", 3), h.xadd("job-1", 4)]
+        await crash_after_reading(h)
+        h.clock.advance(1)
+        youngest = [h.xadd("job-1", 5)]
+        await crash_after_reading(h)
+        # Only the first two are idle long enough; a page of one keeps paging past the young ones.
+        claimed = await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS, page_size=1)()
+
+        assert claimed == len(old)
+        assert h.published_seqs("job-1") == [1, 2]
+        assert set(h.pending()) == set(young + youngest)
+
+
+class TestEntriesThatCannotBeRouted:
+    async def test_an_entry_deleted_while_pending_is_counted_trimmed_and_leaves_the_list(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        kept = h.xadd("job-1", 1)
+        deleted = h.xadd("job-1", 2)
+        await crash_after_reading(h)
+        h.streams.delete_entry("scan:events:2", deleted)
+        h.clock.advance(MIN_IDLE_MS)
+
+        await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
+
+        assert kept not in h.pending()
+        assert h.pending() == {}
+        assert h.metrics.trimmed == Counter({("scan", 2): 1})
+        assert h.published_seqs("job-1") == [1]
+        assert h.dead_lettered() == []
+
+    async def test_an_entry_redelivered_more_than_max_times_is_dead_lettered(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        entry_id = h.xadd("job-1", 1)
+        await crash_after_reading(h)  # delivery 1
+        reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
+        h.broadcaster.available = False  # every reclaim fails to publish, the entry stays pending
+        for delivery in range(2, h.max_deliveries + 1):
+            h.clock.advance(MIN_IDLE_MS)
+            await reclaim()
+            assert h.pending()[entry_id].count == delivery
+        h.broadcaster.available = True
+        h.clock.advance(MIN_IDLE_MS)
+
+        await reclaim()
+
+        [letter] = h.dead_lettered()
+        assert letter[b"id"] == entry_id.encode()
+        assert letter[b"reason"] == b"max_deliveries"
+        assert letter[b"deliveries"] == str(h.max_deliveries + 1).encode()
+        assert h.pending() == {}
+        assert h.broadcaster.sent == []
+
+    async def test_a_failed_publish_leaves_the_entry_for_the_next_pass(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        entry_id = h.xadd("job-1", 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        h.broadcaster.available = False
+        reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
+        await reclaim()
+        assert h.pending()[entry_id].consumer == "b"
+        h.broadcaster.available = True
+        h.clock.advance(MIN_IDLE_MS)
+
+        await reclaim()
+
+        assert h.published_seqs("job-1") == [1]
+        assert await h.history_seqs("job-1") == [1]
+        assert h.pending() == {}
