@@ -7,17 +7,23 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 
 from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.errors import PublishFailed, TransientError
 from eco_router.application.messages import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
 
 class RedisPubSubBroadcaster(Broadcaster):
-    """Publishes each payload on `{channel_prefix}:{job_id}`, the batch in one pipeline."""
+    """Publishes each payload on `{channel_prefix}:{job_id}`, the batch in one script call.
+
+    One EVALSHA carrying every message costs the client one command instead of one per
+    message (a pipeline still builds and parses each), in the same single round trip.
+    """
 
     def __init__(self, redis: Redis, *, channel_prefix: str) -> None:
         self._redis = redis
         self._prefix = channel_prefix
+        self._script = redis.register_script(load_lua("publish_batch.lua"))
 
     def channel(self, job_id: str) -> str:
         return f"{self._prefix}:{job_id}"
@@ -25,11 +31,11 @@ class RedisPubSubBroadcaster(Broadcaster):
     async def publish(self, events: Sequence[EncodedEvent]) -> None:
         if not events:
             return
+        args: list[str | bytes] = []
+        for item in events:
+            args += (self.channel(item.event.job_id), item.payload)
         with transient_errors(f"PUBLISH {len(events)} events", PublishFailed):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for item in events:
-                    pipe.publish(self.channel(item.event.job_id), item.payload)
-                await pipe.execute()
+            await self._script(keys=[], args=args)
 
     async def ping(self) -> None:
         with transient_errors("PING Pub/Sub server", TransientError):

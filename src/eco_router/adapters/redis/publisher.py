@@ -10,7 +10,7 @@ import orjson
 import redis
 import redis.asyncio
 
-from eco_router.adapters.redis.state_store import load_lua
+from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.progress import (
     InvalidProgressEvent,

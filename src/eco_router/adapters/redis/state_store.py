@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import resources
 
 from redis.asyncio import Redis
 
 from eco_router.adapters.redis.errors import transient_errors
 from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import EncodedEvent, JobView
 from eco_router.application.ports import StateStore
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 
 _JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE, ord("3"): STALE}
-
-
-def load_lua(name: str) -> str:
-    """A Lua script shipped as package data."""
-    return resources.files("eco_router.adapters.redis").joinpath("lua", name).read_text()
 
 
 class RedisLuaStateStore(StateStore):

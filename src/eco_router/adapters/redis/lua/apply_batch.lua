@@ -1,57 +1,99 @@
 -- Judge a batch of events and apply the NEW ones, atomically.
--- KEYS: per job, three keys: state, history, applied-markers hash (fields: seq -> entry id,
---       plus "last" -> newest applied seq).
+-- KEYS: per job, three keys: state, history, applied-markers hash (fields: seq -> id of the
+--       entry that applied it, plus "last" -> newest applied seq).
 -- ARGV: state_ttl_s, markers_ttl_s, history_size, then per event four values:
 --       job index (1-based into the key triples), seq, entry id, payload.
+--       A job's events arrive in seq order; jobs may interleave.
 -- Returns one character per event: "0" new and applied, "1" new but applied earlier by this
 -- same entry (publish again), "2" duplicate, "3" stale.
-local state_ttl = tonumber(ARGV[1])
-local markers_ttl = tonumber(ARGV[2])
+-- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
+-- grow with the number of its events in the batch.
+local state_ttl = ARGV[1]
+local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
 
-local last_seq = {}
-local newest_payload = {}
-local codes = {}
-
-for i = 4, #ARGV, 4 do
-  local job = tonumber(ARGV[i])
-  local seq = ARGV[i + 1]
-  local entry_id = ARGV[i + 2]
-  local markers = KEYS[job * 3]
-  local code
-  local applied_by = redis.call('HGET', markers, seq)
-  if applied_by == entry_id then
-    code = '1'
-  elseif applied_by then
-    code = '2'
-  else
-    local last = last_seq[job]
-    if last == nil then
-      last = tonumber(redis.call('HGET', markers, 'last') or '-1')
+-- unpack() is bounded by the Lua stack: spread long argument lists over several calls.
+local CHUNK = 1000
+local function call_chunked(command, key, values)
+  local replies = {}
+  for first = 1, #values, CHUNK do
+    local reply = redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
+    if type(reply) == 'table' then
+      for _, value in ipairs(reply) do
+        replies[#replies + 1] = value
+      end
     end
-    local n = tonumber(seq)
-    if n <= last then
-      code = '3'
-    else
-      redis.call('RPUSH', KEYS[job * 3 - 1], ARGV[i + 3])
-      redis.call('HSET', markers, seq, entry_id)
-      last = n
-      newest_payload[job] = ARGV[i + 3]
-      code = '0'
-    end
-    last_seq[job] = last
   end
-  codes[#codes + 1] = code
+  return replies
 end
 
-for job, payload in pairs(newest_payload) do
-  local history = KEYS[job * 3 - 1]
+local jobs = {}
+local offsets_of = {}
+for i = 4, #ARGV, 4 do
+  local job = tonumber(ARGV[i])
+  local offsets = offsets_of[job]
+  if offsets == nil then
+    offsets = {}
+    offsets_of[job] = offsets
+    jobs[#jobs + 1] = job
+  end
+  offsets[#offsets + 1] = i
+end
+
+local codes = {}
+for _, job in ipairs(jobs) do
+  local offsets = offsets_of[job]
   local markers = KEYS[job * 3]
-  redis.call('SET', KEYS[job * 3 - 2], payload, 'EX', state_ttl)
-  redis.call('LTRIM', history, -history_size, -1)
-  redis.call('EXPIRE', history, state_ttl)
-  redis.call('HSET', markers, 'last', last_seq[job])
-  redis.call('EXPIRE', markers, markers_ttl)
+  local fields = { 'last' }
+  for n, i in ipairs(offsets) do
+    fields[n + 1] = ARGV[i + 1]
+  end
+  local known = call_chunked('HMGET', markers, fields)
+  local last = known[1] or '-1'
+  local last_n = tonumber(last)
+  local applied_by = {}
+  for n, i in ipairs(offsets) do
+    if known[n + 1] then
+      applied_by[ARGV[i + 1]] = known[n + 1]
+    end
+  end
+
+  local payloads = {}
+  local marks = {}
+  for _, i in ipairs(offsets) do
+    local seq = ARGV[i + 1]
+    local entry_id = ARGV[i + 2]
+    local by = applied_by[seq]
+    local code
+    if by == entry_id then
+      code = '1'
+    elseif by then
+      code = '2'
+    elseif tonumber(seq) <= last_n then
+      code = '3'
+    else
+      code = '0'
+      last, last_n = seq, tonumber(seq)
+      applied_by[seq] = entry_id
+      payloads[#payloads + 1] = ARGV[i + 3]
+      marks[#marks + 1] = seq
+      marks[#marks + 1] = entry_id
+    end
+    codes[(i - 4) / 4 + 1] = code
+  end
+
+  if #payloads > 0 then
+    local history = KEYS[job * 3 - 1]
+    redis.call('SET', KEYS[job * 3 - 2], payloads[#payloads], 'EX', state_ttl)
+    call_chunked('RPUSH', history, payloads)
+    redis.call('LTRIM', history, -history_size, -1)
+    redis.call('EXPIRE', history, state_ttl)
+    -- `last` stays the seq's own string: Lua would print a large number in exponent form.
+    marks[#marks + 1] = 'last'
+    marks[#marks + 1] = last
+    call_chunked('HSET', markers, marks)
+    redis.call('EXPIRE', markers, markers_ttl)
+  end
 end
 
 return table.concat(codes)
