@@ -10,11 +10,16 @@ import sys
 from collections.abc import Sequence
 
 import uvicorn
+from redis.exceptions import RedisError
 
 from eco_router.adapters.redis.connection import redacted
+from eco_router.application.errors import TransientError
+from eco_router.domain.progress import InvalidProgressEvent, Status
+from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.logging_setup import configure_logging
+from eco_router.entrypoints.operator_commands import UsageError
 from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
 from eco_router.entrypoints.worker import serve
 
@@ -32,8 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "worker":
             return _worker(settings)
-        return _serve(settings, host=args.host, port=args.port, in_memory=args.in_memory)
-    except (OSError, RuntimeError) as error:
+        if args.command == "serve":
+            return _serve(settings, host=args.host, port=args.port, in_memory=args.in_memory)
+        return asyncio.run(_operator_command(settings, args))
+    except (UsageError, InvalidProgressEvent) as error:
+        print(f"eco-router {args.command}: {error}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError, RedisError, TransientError) as error:
         log.error("%s", error)
         return 1
 
@@ -54,7 +64,92 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use in-memory adapters instead of Redis (nothing is persisted)",
     )
+    _add_operator_commands(commands)
     return parser
+
+
+def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    publish = commands.add_parser("publish", help="publish one job-progress event")
+    publish.add_argument("--domain", default="scan")
+    publish.add_argument("--job", required=True)
+    publish.add_argument("--stage", required=True)
+    publish.add_argument("--status", required=True, choices=[s.value for s in Status])
+    publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
+    publish.add_argument("--progress", type=int)
+    publish.add_argument("--seq", type=int, help="override the deterministic seq")
+    publish.add_argument("--stages", help="the domain's stage order, comma-separated")
+
+    demo = commands.add_parser("demo", help="simulate workers running whole pipelines")
+    demo.add_argument("--domain", default="scan")
+    demo.add_argument("--jobs", type=_positive_int, default=20)
+    demo.add_argument("--rate", type=_positive_float, default=20.0, help="events per second")
+    demo.add_argument("--stages", help="the domain's stage order, comma-separated")
+
+    state = commands.add_parser("state", help="show a job's state snapshot and history")
+    state.add_argument("job")
+    state.add_argument("--domain", default="scan")
+    state.add_argument("--json", action="store_true", dest="as_json")
+
+    dlq = commands.add_parser("dlq", help="inspect and replay dead letters")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_commands.add_parser("list", help="show dead letters, oldest first")
+    dlq_list.add_argument("--domain", default="scan")
+    dlq_list.add_argument("--count", type=_positive_int, default=100)
+    replay = dlq_commands.add_parser("replay", help="put dead letters back on their stream")
+    replay.add_argument("ids", nargs="*", metavar="ID")
+    replay.add_argument("--all", action="store_true", dest="replay_all")
+    replay.add_argument("--domain", default="scan")
+
+
+async def _operator_command(settings: Settings, args: argparse.Namespace) -> int:
+    out = sys.stdout
+    if args.command == "publish":
+        return await commands.publish(
+            settings,
+            domain=args.domain,
+            job=args.job,
+            stage=args.stage,
+            status=args.status,
+            result=args.result,
+            progress=args.progress,
+            seq=args.seq,
+            stages=args.stages,
+            out=out,
+        )
+    if args.command == "demo":
+        return await commands.demo(
+            settings,
+            domain=args.domain,
+            jobs=args.jobs,
+            rate=args.rate,
+            stages=args.stages,
+            out=out,
+        )
+    if args.command == "state":
+        return await commands.state(
+            settings, domain=args.domain, job=args.job, as_json=args.as_json, out=out
+        )
+    if args.dlq_command == "list":
+        return await commands.dlq_list(settings, domain=args.domain, count=args.count, out=out)
+    return await commands.dlq_replay(
+        settings, domain=args.domain, ids=args.ids, replay_all=args.replay_all, out=out
+    )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def _port(text: str) -> int:
