@@ -107,7 +107,7 @@ def progress_event(
         isinstance(progress, bool) or not isinstance(progress, int) or not 0 <= progress <= 100
     ):
         raise InvalidProgressEvent(f"progress {progress!r} must be an integer from 0 to 100")
-    if isinstance(result, float) and not math.isfinite(result):
+    if _has_non_finite(result):
         raise InvalidProgressEvent("result must be JSON-encodable (no NaN or infinity)")
     if seq is None:
         seq = plan.seq_for(stage, known)
@@ -122,3 +122,16 @@ def progress_event(
         result=result,
         has_result=has_result or result is not None,
     )
+
+
+def _has_non_finite(value: Any) -> bool:
+    """True if a NaN or infinity sits anywhere in `value`: orjson would silently write null."""
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, (dict, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))  # a self-referencing result is left for orjson to refuse
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return False

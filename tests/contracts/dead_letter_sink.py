@@ -1,0 +1,114 @@
+"""The `DeadLetterSink` contract: letters land in `{prefix}:dlq` with the original bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eco_router.application.messages import DeadLetter, Delivery
+from eco_router.application.ports import DeadLetterSink
+from eco_router.domain.rejection import RejectReason
+from tests.contracts.factories import CHAT, SCAN, entry_id
+
+Fields = dict[bytes, bytes]
+
+# Not UTF-8 and not JSON: exactly what must survive the trip byte for byte.
+RAW_FIELDS: Fields = {
+    b"job_id": b"job-1",
+    b"seq": b"not-a-number",
+    b"blob": b"\xff\x00\xfe\r\n\x80",
+    b"stage": "caf\u00e9".encode(),
+    b"note": b"  padded\t\n",
+}
+
+
+def make_letter(**overrides: Any) -> DeadLetter:
+    """A dead letter for an entry of `scan:events:1` delivered 3 times; override any field."""
+    delivery_fields: dict[str, Any] = {
+        "family": SCAN,
+        "stream": SCAN.streams[1],
+        "entry_id": entry_id(7),
+        "fields": RAW_FIELDS,
+        "delivery_count": 3,
+    }
+    letter_fields: dict[str, Any] = {
+        "reason": RejectReason.SEQ_NOT_INTEGER,
+        "detail": "seq 'not-a-number' is not an integer",
+    }
+    for name, value in overrides.items():
+        target = delivery_fields if name in delivery_fields else letter_fields
+        target[name] = value
+    return DeadLetter(Delivery(**delivery_fields), **letter_fields)
+
+
+class DeadLetterSinkContract:
+    """Every `DeadLetterSink` adapter, read back from the backend it writes to.
+
+    Subclasses wire a backend and implement the hooks below.
+    """
+
+    async def make_sink(self) -> DeadLetterSink:
+        raise NotImplementedError
+
+    async def dead_letters(self, stream: str) -> list[Fields]:
+        """The fields of every entry of `stream`, oldest first, exactly as stored."""
+        raise NotImplementedError
+
+    async def test_a_letter_lands_in_its_familys_dead_letter_stream_with_its_origin(
+        self,
+    ) -> None:
+        sink = await self.make_sink()
+
+        await sink.send([make_letter()])
+
+        [stored] = await self.dead_letters("scan:events:dlq")
+        assert stored[b"stream"] == b"scan:events:1"
+        assert stored[b"id"] == entry_id(7).encode()
+        assert stored[b"reason"] == b"seq_not_integer"
+        assert stored[b"detail"] == b"seq 'not-a-number' is not an integer"
+        assert stored[b"deliveries"] == b"3"
+        assert stored[b"dead_at_ms"].isdigit()
+
+    async def test_the_original_fields_are_kept_byte_for_byte(self) -> None:
+        sink = await self.make_sink()
+
+        await sink.send([make_letter()])
+
+        [stored] = await self.dead_letters("scan:events:dlq")
+        originals = {
+            name.removeprefix(b"field:"): value
+            for name, value in stored.items()
+            if name.startswith(b"field:")
+        }
+        assert originals == RAW_FIELDS
+
+    async def test_letters_keep_their_order_and_go_to_their_own_family(self) -> None:
+        sink = await self.make_sink()
+        first = make_letter(entry_id=entry_id(1))
+        chat = make_letter(
+            family=CHAT,
+            stream=CHAT.streams[0],
+            entry_id=entry_id(2),
+            reason=RejectReason.MAX_DELIVERIES,
+            detail="delivered 11 times (max 10)",
+        )
+        second = make_letter(entry_id=entry_id(3), reason=RejectReason.NOT_UTF8, detail="ü")
+
+        await sink.send([first, chat, second])
+
+        scan_letters = await self.dead_letters("scan:events:dlq")
+        chat_letters = await self.dead_letters("chat:events:dlq")
+        assert [(f[b"id"], f[b"reason"]) for f in scan_letters] == [
+            (entry_id(1).encode(), b"seq_not_integer"),
+            (entry_id(3).encode(), b"not_utf8"),
+        ]
+        assert scan_letters[1][b"detail"] == "ü".encode()
+        assert [(f[b"stream"], f[b"id"], f[b"reason"]) for f in chat_letters] == [
+            (b"chat:events:0", entry_id(2).encode(), b"max_deliveries")
+        ]
+
+    async def test_sending_no_letters_writes_nothing(self) -> None:
+        sink = await self.make_sink()
+
+        await sink.send([])
+
+        assert await self.dead_letters("scan:events:dlq") == []

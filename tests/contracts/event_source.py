@@ -1,0 +1,407 @@
+"""The `EventSource` contract: consumer-group reading, pending entries, claiming, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from eco_router.application.errors import TransientError
+from eco_router.application.messages import Delivery, ShardStats
+from eco_router.application.ports import EventSource
+from tests.contracts.factories import CHAT, GROUP, SCAN
+
+SCAN_0, SCAN_1 = SCAN.streams
+CHAT_0 = CHAT.streams[0]
+IDLE_MS = 50
+
+
+def fields_of(n: int, job_id: str = "job-1") -> dict[bytes, bytes]:
+    """The fields of a producer's entry, distinct for every `n`."""
+    return {b"job_id": job_id.encode(), b"seq": str(n).encode(), b"stage": b"scanning"}
+
+
+def ids(deliveries: list[Delivery]) -> list[str]:
+    return [d.entry_id for d in deliveries]
+
+
+def stats_of(stats: list[ShardStats], stream: str) -> ShardStats:
+    return next(s for s in stats if s.stream == stream)
+
+
+class EventSourceContract:
+    """Every `EventSource` adapter reads `SCAN` (2 shards) and `CHAT` (1 shard) as group `GROUP`.
+
+    Subclasses wire a backend and implement the hooks below.
+    """
+
+    async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        """A source over `FAMILIES` on the shared backend, not prepared yet."""
+        raise NotImplementedError
+
+    async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
+        """XADD as a producer would; returns the new entry id."""
+        raise NotImplementedError
+
+    async def delete_entry(self, stream: str, entry_id: str) -> None:
+        """XDEL, as trimming does to entries that may still be pending."""
+        raise NotImplementedError
+
+    async def delete_stream(self, stream: str) -> None:
+        """DEL the stream key, its groups with it."""
+        raise NotImplementedError
+
+    async def let_time_pass(self, ms: int) -> None:
+        """Make at least `ms` milliseconds pass for the backend's idle times."""
+        raise NotImplementedError
+
+    async def cut_server(self, source: EventSource) -> None:
+        """Make the streams server unreachable for `source`."""
+        raise NotImplementedError
+
+    async def prepared_source(self, consumer: str = "consumer-a") -> EventSource:
+        source = await self.make_source(consumer=consumer)
+        await source.prepare()
+        return source
+
+    async def append_many(self, stream: str, count: int) -> list[str]:
+        return [await self.append(stream, fields_of(n)) for n in range(1, count + 1)]
+
+    async def read_all(self, source: EventSource, count: int = 100) -> list[Delivery]:
+        return await source.read_new(count=count, block_ms=0)
+
+    # prepare
+
+    async def test_prepare_creates_the_group_on_every_shard_of_every_family(self) -> None:
+        source = await self.make_source(consumer="consumer-a")
+        before = await source.shard_stats()
+
+        await source.prepare()
+
+        after = await source.shard_stats()
+        assert [(s.stream, s.lag) for s in before] == [
+            (SCAN_0, None),
+            (SCAN_1, None),
+            (CHAT_0, None),
+        ]
+        assert [(s.stream, s.lag, s.pending) for s in after] == [
+            (SCAN_0, 0, 0),
+            (SCAN_1, 0, 0),
+            (CHAT_0, 0, 0),
+        ]
+        assert [(s.family, s.shard) for s in after] == [(SCAN, 0), (SCAN, 1), (CHAT, 0)]
+
+    async def test_prepare_starts_the_group_at_the_beginning_of_an_existing_stream(self) -> None:
+        written = await self.append_many(SCAN_0, 2)
+        source = await self.prepared_source()
+
+        assert ids(await self.read_all(source)) == written
+
+    async def test_prepare_again_keeps_the_group_position_and_pending_entries(self) -> None:
+        source = await self.prepared_source()
+        [first] = await self.append_many(SCAN_0, 1)
+        await self.read_all(source)
+
+        await source.prepare()
+        await source.prepare()
+
+        assert await self.read_all(source) == []
+        assert stats_of(await source.shard_stats(), SCAN_0).pending == 1
+        assert ids(await source.read_own_pending(after={}, count=10)) == [first]
+
+    # read_new
+
+    async def test_read_new_returns_every_new_entry_in_id_order_with_its_stream(self) -> None:
+        source = await self.prepared_source()
+        scan_ids = await self.append_many(SCAN_0, 3)
+        chat_id = await self.append(CHAT_0, fields_of(9, "chat-job"))
+
+        deliveries = await self.read_all(source)
+
+        assert sorted((d.stream, d.entry_id) for d in deliveries) == sorted(
+            [(SCAN_0, i) for i in scan_ids] + [(CHAT_0, chat_id)]
+        )
+        assert ids([d for d in deliveries if d.stream == SCAN_0]) == scan_ids
+        # Ids are unique per stream only.
+        by_key = {(d.stream, d.entry_id): d for d in deliveries}
+        assert by_key[(CHAT_0, chat_id)].family == CHAT
+        assert by_key[(CHAT_0, chat_id)].fields == fields_of(9, "chat-job")
+        assert [by_key[(SCAN_0, i)].family for i in scan_ids] == [SCAN] * 3
+        assert [by_key[(SCAN_0, i)].fields for i in scan_ids] == [fields_of(n) for n in (1, 2, 3)]
+        assert {d.delivery_count for d in deliveries} == {1}
+
+    async def test_an_entry_is_delivered_once_per_group(self) -> None:
+        first = await self.prepared_source("consumer-a")
+        second = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_1, 2)
+        other_group = await self.make_source(consumer="consumer-a", group="audit")
+        await other_group.prepare()
+
+        assert ids(await self.read_all(first)) == written
+        assert await self.read_all(first) == []
+        assert await self.read_all(second) == []
+        assert ids(await self.read_all(other_group)) == written
+
+    async def test_read_new_takes_at_most_count_entries_per_shard(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 3)
+
+        assert ids(await source.read_new(count=2, block_ms=0)) == written[:2]
+        assert ids(await source.read_new(count=2, block_ms=0)) == written[2:]
+
+    async def test_read_new_without_block_returns_at_once_when_nothing_is_new(self) -> None:
+        source = await self.prepared_source()
+
+        async with asyncio.timeout(5):
+            assert await source.read_new(count=10, block_ms=0) == []
+
+    async def test_read_new_returns_nothing_after_the_block_when_nothing_arrives(self) -> None:
+        source = await self.prepared_source()
+
+        assert await source.read_new(count=10, block_ms=50) == []
+
+    async def test_a_blocked_read_new_returns_an_entry_appended_meanwhile(self) -> None:
+        source = await self.prepared_source()
+        read = asyncio.ensure_future(source.read_new(count=10, block_ms=5000))
+        await asyncio.sleep(0.05)
+
+        written = await self.append(SCAN_1, fields_of(1))
+
+        async with asyncio.timeout(5):
+            assert ids(await read) == [written]
+
+    async def test_read_new_recovers_from_a_deleted_stream_by_recreating_the_group(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 2)
+        await self.read_all(source)
+        await self.delete_stream(SCAN_0)
+        written = await self.append(SCAN_0, fields_of(3))
+
+        deliveries = await self.read_all(source)
+
+        assert [(d.stream, d.entry_id, d.delivery_count) for d in deliveries] == [
+            (SCAN_0, written, 1)
+        ]
+        assert stats_of(await source.shard_stats(), SCAN_0).pending == 1
+
+    async def test_read_new_on_a_deleted_and_empty_stream_returns_nothing(self) -> None:
+        source = await self.prepared_source()
+        await self.delete_stream(CHAT_0)
+
+        assert await self.read_all(source) == []
+        assert stats_of(await source.shard_stats(), CHAT_0).lag == 0
+
+    # pending list, ack, read_own_pending
+
+    async def test_entries_read_but_not_acked_are_pending(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 2)
+        await self.read_all(source)
+
+        assert stats_of(await source.shard_stats(), SCAN_0).pending == 2
+        assert ids(await source.read_own_pending(after={}, count=10)) == written
+
+    async def test_ack_removes_entries_from_the_pending_list(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 3)
+        await self.append(CHAT_0, fields_of(1, "chat-job"))
+        deliveries = await self.read_all(source)
+        kept = next(d for d in deliveries if d.stream == SCAN_0)
+
+        await source.ack([d for d in deliveries if d is not kept])
+
+        stats = await source.shard_stats()
+        assert [(s.stream, s.pending) for s in stats] == [(SCAN_0, 1), (SCAN_1, 0), (CHAT_0, 0)]
+        assert ids(await source.read_own_pending(after={}, count=10)) == [kept.entry_id]
+
+    async def test_ack_of_nothing_and_of_a_deleted_stream_is_harmless(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_1, 1)
+        deliveries = await self.read_all(source)
+        await self.delete_stream(SCAN_1)
+
+        await source.ack([])
+        await source.ack(deliveries)
+
+        assert await source.read_own_pending(after={}, count=10) == []
+
+    async def test_read_own_pending_redelivers_with_an_incremented_delivery_count(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 2)
+        await self.read_all(source)
+
+        again = await source.read_own_pending(after={}, count=10)
+        third = await source.read_own_pending(after={}, count=10)
+
+        assert [(d.entry_id, d.delivery_count) for d in again] == [(i, 2) for i in written]
+        assert [(d.entry_id, d.delivery_count) for d in third] == [(i, 3) for i in written]
+        assert [d.fields for d in third] == [fields_of(1), fields_of(2)]
+        assert {(d.family, d.stream) for d in third} == {(SCAN, SCAN_0)}
+
+    async def test_read_own_pending_returns_only_this_consumers_entries(self) -> None:
+        mine = await self.prepared_source("consumer-a")
+        theirs = await self.prepared_source("consumer-b")
+        [my_entry] = await self.append_many(SCAN_0, 1)
+        await self.read_all(mine)
+        their_entry = await self.append(SCAN_0, fields_of(2))
+        await self.read_all(theirs)
+
+        assert ids(await mine.read_own_pending(after={}, count=10)) == [my_entry]
+        assert ids(await theirs.read_own_pending(after={}, count=10)) == [their_entry]
+
+    async def test_read_own_pending_starts_after_the_given_ids(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 3)
+        chat = await self.append(CHAT_0, fields_of(1, "chat-job"))
+        await self.read_all(source)
+
+        later = await source.read_own_pending(after={SCAN_0: written[0], CHAT_0: chat}, count=10)
+
+        assert ids(later) == written[1:]
+
+    async def test_read_own_pending_takes_at_most_count_entries_per_shard(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 3)
+        await self.read_all(source)
+
+        page = await source.read_own_pending(after={}, count=2)
+        rest = await source.read_own_pending(after={SCAN_0: page[-1].entry_id}, count=2)
+
+        assert ids(page) == written[:2]
+        assert ids(rest) == written[2:]
+
+    async def test_read_own_pending_yields_no_fields_for_an_entry_deleted_while_pending(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        kept, deleted = await self.append_many(SCAN_0, 2)
+        await self.read_all(source)
+        await self.delete_entry(SCAN_0, deleted)
+
+        pending = await source.read_own_pending(after={}, count=10)
+
+        assert [(d.entry_id, d.gone) for d in pending] == [(kept, False), (deleted, True)]
+        assert pending[1].fields is None
+        assert pending[1].stream == SCAN_0
+
+    async def test_read_own_pending_is_empty_when_everything_was_acked(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(CHAT_0, 2)
+        await source.ack(await self.read_all(source))
+
+        assert await source.read_own_pending(after={}, count=10) == []
+
+    # claim_idle
+
+    async def test_claim_idle_takes_idle_entries_from_another_consumer(self) -> None:
+        crashed = await self.prepared_source("consumer-a")
+        rescuer = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_1, 2)
+        await self.read_all(crashed)
+        await self.let_time_pass(IDLE_MS + 20)
+
+        page = await rescuer.claim_idle(SCAN_1, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
+
+        assert page.wrapped
+        assert [(d.entry_id, d.delivery_count) for d in page.deliveries] == [
+            (i, 2) for i in written
+        ]
+        assert [d.fields for d in page.deliveries] == [fields_of(1), fields_of(2)]
+        assert {(d.family, d.stream) for d in page.deliveries} == {(SCAN, SCAN_1)}
+        assert ids(await rescuer.read_own_pending(after={}, count=10)) == written
+        assert await crashed.read_own_pending(after={}, count=10) == []
+
+    async def test_claim_idle_leaves_entries_that_are_not_idle_long_enough(self) -> None:
+        busy = await self.prepared_source("consumer-a")
+        rescuer = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_0, 2)
+        await self.read_all(busy)
+
+        page = await rescuer.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=60_000, count=10)
+
+        assert page.deliveries == []
+        assert page.wrapped
+        assert ids(await busy.read_own_pending(after={}, count=10)) == written
+
+    async def test_claim_idle_returns_entries_deleted_while_pending_without_fields(
+        self,
+    ) -> None:
+        crashed = await self.prepared_source("consumer-a")
+        rescuer = await self.prepared_source("consumer-b")
+        kept, deleted = await self.append_many(SCAN_0, 2)
+        await self.read_all(crashed)
+        await self.delete_entry(SCAN_0, deleted)
+        await self.let_time_pass(IDLE_MS + 20)
+
+        page = await rescuer.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
+
+        by_id = {d.entry_id: d for d in page.deliveries}
+        assert sorted(by_id) == sorted([kept, deleted])
+        assert by_id[deleted].fields is None
+        assert by_id[deleted].stream == SCAN_0
+        assert by_id[deleted].family == SCAN
+        assert by_id[kept].fields == fields_of(1)
+        # The deleted entry leaves the pending list: only the claimed one is left.
+        assert stats_of(await rescuer.shard_stats(), SCAN_0).pending == 1
+
+    async def test_claim_idle_pages_with_its_cursor_until_it_wraps(self) -> None:
+        crashed = await self.prepared_source("consumer-a")
+        rescuer = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_0, 5)
+        await self.read_all(crashed)
+        await self.let_time_pass(IDLE_MS + 20)
+
+        pages, cursor = [], "0-0"
+        while True:
+            page = await rescuer.claim_idle(SCAN_0, cursor=cursor, min_idle_ms=IDLE_MS, count=2)
+            pages.append(page)
+            if page.wrapped or len(pages) > 10:
+                break
+            cursor = page.cursor
+
+        assert [ids(p.deliveries) for p in pages] == [written[:2], written[2:4], written[4:]]
+        assert [p.cursor for p in pages] == [written[2], written[4], "0-0"]
+
+    async def test_claim_idle_on_a_deleted_stream_returns_an_empty_wrapped_page(self) -> None:
+        source = await self.prepared_source()
+        await self.delete_stream(SCAN_0)
+
+        page = await source.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=0, count=10)
+
+        assert page.deliveries == []
+        assert page.wrapped
+
+    # shard_stats
+
+    async def test_shard_stats_show_lag_and_pending_per_shard(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 3)
+        await self.append_many(CHAT_0, 1)
+        await source.read_new(count=1, block_ms=0)
+
+        stats = await source.shard_stats()
+
+        assert [(s.family, s.stream, s.shard, s.lag, s.pending) for s in stats] == [
+            (SCAN, SCAN_0, 0, 2, 1),
+            (SCAN, SCAN_1, 1, 0, 0),
+            (CHAT, CHAT_0, 0, 0, 1),
+        ]
+
+    # availability
+
+    async def test_ping_answers_while_the_server_is_up(self) -> None:
+        source = await self.prepared_source()
+
+        await source.ping()
+
+    async def test_an_unreachable_server_raises_transient_errors(self) -> None:
+        source = await self.prepared_source()
+        await self.cut_server(source)
+
+        with pytest.raises(TransientError):
+            await source.ping()
+        with pytest.raises(TransientError):
+            await source.read_new(count=10, block_ms=0)

@@ -1,0 +1,132 @@
+"""The `StateStore` contract: every branch of judging, state, history and its trim."""
+
+from __future__ import annotations
+
+from eco_router.application.messages import JobView
+from eco_router.application.ports import StateStore
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
+from tests.contracts.factories import encoded, entry_id
+
+HISTORY_SIZE = 3
+
+
+class StateStoreContract:
+    """Every `StateStore` adapter, created empty with a history of `HISTORY_SIZE` payloads.
+
+    Subclasses wire a backend and implement `make_store`.
+    """
+
+    async def make_store(self, *, history_size: int = HISTORY_SIZE) -> StateStore:
+        """An empty store with long TTLs (nothing expires during a test)."""
+        raise NotImplementedError
+
+    async def test_a_new_event_is_applied_to_state_and_history(self) -> None:
+        store = await self.make_store()
+        event = encoded(seq=1, stream_id=entry_id(1))
+
+        judgements = await store.apply([event])
+
+        assert judgements == [NEW_APPLY]
+        assert await store.view("scan", "job-1") == JobView(event.payload, [event.payload])
+
+    async def test_the_same_entry_again_is_republished_without_being_applied_twice(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        first = encoded(seq=1, stream_id=entry_id(1))
+        second = encoded(seq=2, stream_id=entry_id(2))
+        await store.apply([first, second])
+
+        judgements = await store.apply([first])
+
+        assert judgements == [NEW_REPUBLISH]
+        assert await store.view("scan", "job-1") == JobView(
+            second.payload, [first.payload, second.payload]
+        )
+
+    async def test_another_entry_with_an_applied_seq_is_a_duplicate(self) -> None:
+        store = await self.make_store()
+        original = encoded(seq=1, stream_id=entry_id(1), stage="queued")
+        newest = encoded(seq=2, stream_id=entry_id(2), stage="scanning")
+        await store.apply([original, newest])
+
+        judgements = await store.apply(
+            [
+                encoded(seq=2, stream_id=entry_id(3), stage="copy"),
+                encoded(seq=1, stream_id=entry_id(4), stage="copy"),
+            ]
+        )
+
+        assert judgements == [DUPLICATE, DUPLICATE]
+        assert await store.view("scan", "job-1") == JobView(
+            newest.payload, [original.payload, newest.payload]
+        )
+
+    async def test_a_lower_seq_never_applied_is_stale_and_leaves_the_state_alone(self) -> None:
+        store = await self.make_store()
+        newest = encoded(seq=5, stream_id=entry_id(5))
+        await store.apply([newest])
+
+        judgements = await store.apply([encoded(seq=4, stream_id=entry_id(4), stage="late")])
+
+        assert judgements == [STALE]
+        assert await store.view("scan", "job-1") == JobView(newest.payload, [newest.payload])
+
+    async def test_seq_zero_is_a_valid_first_seq(self) -> None:
+        store = await self.make_store()
+        first = encoded(seq=0, stream_id=entry_id(1))
+
+        assert await store.apply([first]) == [NEW_APPLY]
+        assert await store.apply([encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]
+        assert await store.view("scan", "job-1") == JobView(first.payload, [first.payload])
+
+    async def test_a_batch_of_one_job_is_judged_in_the_given_order(self) -> None:
+        store = await self.make_store()
+        one, two, three = (encoded(seq=n, stream_id=entry_id(n)) for n in (1, 2, 3))
+        late = encoded(seq=2, stream_id=entry_id(9), stage="late")
+        repeated = encoded(seq=4, stream_id=entry_id(4))
+
+        judgements = await store.apply([one, three, two, late, repeated, repeated])
+
+        assert judgements == [NEW_APPLY, NEW_APPLY, STALE, STALE, NEW_APPLY, NEW_REPUBLISH]
+        assert await store.view("scan", "job-1") == JobView(
+            repeated.payload, [one.payload, three.payload, repeated.payload]
+        )
+
+    async def test_a_batch_of_several_jobs_keeps_each_jobs_state_apart(self) -> None:
+        store = await self.make_store()
+        a1 = encoded(job_id="job-a", seq=1, stream_id=entry_id(1))
+        b1 = encoded(job_id="job-b", seq=1, stream_id=entry_id(2))
+        a2 = encoded(job_id="job-a", seq=2, stream_id=entry_id(3))
+        b_stale = encoded(job_id="job-b", seq=0, stream_id=entry_id(4))
+        chat_a = encoded(domain="chat", stream="chat:events:0", job_id="job-a", seq=1)
+
+        judgements = await store.apply([a1, b1, a2, b_stale, chat_a])
+
+        assert judgements == [NEW_APPLY, NEW_APPLY, NEW_APPLY, STALE, NEW_APPLY]
+        assert await store.view("scan", "job-a") == JobView(a2.payload, [a1.payload, a2.payload])
+        assert await store.view("scan", "job-b") == JobView(b1.payload, [b1.payload])
+        assert await store.view("chat", "job-a") == JobView(chat_a.payload, [chat_a.payload])
+
+    async def test_history_keeps_only_the_newest_payloads_in_seq_order(self) -> None:
+        store = await self.make_store(history_size=HISTORY_SIZE)
+        events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
+        await store.apply(events[:4])
+
+        await store.apply(events[4:])
+
+        view = await store.view("scan", "job-1")
+        assert view.history == [e.payload for e in events[-HISTORY_SIZE:]]
+        assert view.state == events[-1].payload
+
+    async def test_the_view_of_an_unknown_job_is_empty(self) -> None:
+        store = await self.make_store()
+        await store.apply([encoded(job_id="job-1")])
+
+        assert await store.view("scan", "job-2") == JobView(None, [])
+        assert await store.view("chat", "job-1") == JobView(None, [])
+
+    async def test_an_empty_batch_gets_no_judgements(self) -> None:
+        store = await self.make_store()
+
+        assert await store.apply([]) == []

@@ -1,0 +1,119 @@
+"""The port contracts run against the Redis adapters on private redis-server processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
+from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
+from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.application.ports import Broadcaster, DeadLetterSink, EventSource, StateStore
+from eco_router.testing import RedisServer
+from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
+from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
+from tests.contracts.event_source import EventSourceContract
+from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.state_store import StateStoreContract
+
+
+class TestRedisStreamEventSource(EventSourceContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self, streams_server: RedisServer, streams_redis: Redis) -> None:
+        self.server = streams_server
+        self.redis = streams_redis
+
+    async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        return RedisStreamEventSource(self.redis, families=FAMILIES, group=group, consumer=consumer)
+
+    async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
+        entry_id = await self.redis.xadd(stream, dict(fields))  # type: ignore[arg-type]
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    async def delete_entry(self, stream: str, entry_id: str) -> None:
+        assert await self.redis.xdel(stream, entry_id) == 1
+
+    async def delete_stream(self, stream: str) -> None:
+        await self.redis.delete(stream)
+
+    async def let_time_pass(self, ms: int) -> None:
+        # Idle times are the server's own clock: only real time makes entries idle.
+        await asyncio.sleep(ms / 1000)
+
+    async def cut_server(self, source: EventSource) -> None:
+        self.server.stop()
+
+
+class TestRedisLuaStateStore(StateStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self, streams_redis: Redis) -> None:
+        self.redis = streams_redis
+
+    async def make_store(self, *, history_size: int = 3) -> StateStore:
+        return RedisLuaStateStore(
+            self.redis, state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+        )
+
+
+class TestRedisPubSubBroadcaster(BroadcasterContract):
+    @pytest.fixture(autouse=True)
+    async def _backend(
+        self, pubsub_server: RedisServer, pubsub_redis: Redis
+    ) -> AsyncIterator[None]:
+        self.server = pubsub_server
+        self.redis = pubsub_redis
+        self.subscriptions: list[PubSub] = []
+        yield
+        for pubsub in self.subscriptions:
+            await pubsub.aclose()
+
+    async def make_broadcaster(self) -> Broadcaster:
+        return RedisPubSubBroadcaster(self.redis, channel_prefix=PREFIX)
+
+    async def subscribe(self, broadcaster: Broadcaster, channel: str) -> Receive:
+        pubsub = self.redis.pubsub()
+        self.subscriptions.append(pubsub)
+        await pubsub.subscribe(channel)
+        # A publish from another connection only reaches us once the server confirmed.
+        confirmation = await _next_message(pubsub)
+        assert confirmation["type"] == "subscribe"
+
+        async def receive() -> bytes:
+            message = await _next_message(pubsub)
+            assert message["type"] == "message"
+            assert message["channel"] == channel.encode()
+            data = message["data"]
+            assert isinstance(data, bytes)
+            return data
+
+        return receive
+
+    async def cut_server(self, broadcaster: Broadcaster) -> None:
+        self.server.stop()
+
+
+async def _next_message(pubsub: PubSub) -> dict[str, Any]:
+    async with asyncio.timeout(5):
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is not None:
+                return message
+
+
+class TestRedisStreamDeadLetterSink(DeadLetterSinkContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self, streams_redis: Redis) -> None:
+        self.redis = streams_redis
+
+    async def make_sink(self) -> DeadLetterSink:
+        return RedisStreamDeadLetterSink(self.redis)
+
+    async def dead_letters(self, stream: str) -> list[Fields]:
+        entries = await self.redis.xrange(stream)
+        return [fields for _, fields in entries]

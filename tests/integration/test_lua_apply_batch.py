@@ -1,0 +1,252 @@
+"""apply_batch.lua on a real Redis: every branch, the keys it writes and their TTLs."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.scripts import load_lua
+from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.application.messages import EncodedEvent
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
+from tests.contracts.factories import encoded, entry_id, wait_until
+
+STATE_TTL_S = 100
+MARKERS_TTL_S = 200
+HISTORY_SIZE = 3
+JOB = JobKeys.of("scan", "job-1")
+MAX_SEQ = 2**53 - 1
+
+
+@pytest.fixture
+def store(streams_redis: Redis) -> RedisLuaStateStore:
+    return RedisLuaStateStore(
+        streams_redis,
+        state_ttl_s=STATE_TTL_S,
+        markers_ttl_s=MARKERS_TTL_S,
+        history_size=HISTORY_SIZE,
+    )
+
+
+def raw(payload: bytes, **overrides: object) -> EncodedEvent:
+    """An event carrying `payload` as is, whatever the encoder would have made of it."""
+    return EncodedEvent(encoded(**overrides).event, payload)
+
+
+class TestBranches:
+    """The one-character codes the script returns and what the adapter makes of them."""
+
+    async def test_the_script_returns_one_code_per_event_for_all_four_branches(
+        self, streams_redis: Redis
+    ) -> None:
+        script = streams_redis.register_script(load_lua("apply_batch.lua"))
+        keys = [JOB.state, JOB.history, JOB.markers]
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE]
+        events = [
+            (1, 5, entry_id(1), b"applied"),
+            (1, 5, entry_id(1), b"same entry again"),
+            (1, 5, entry_id(2), b"other entry, same seq"),
+            (1, 4, entry_id(3), b"lower seq"),
+        ]
+
+        codes = await script(keys=keys, args=head + [v for event in events for v in event])
+
+        assert codes == b"0123"
+        assert await streams_redis.get(JOB.state) == b"applied"
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"applied"]
+
+    async def test_code_0_applies_state_history_and_markers(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        event = encoded(seq=7, stream_id=entry_id(7))
+
+        assert await store.apply([event]) == [NEW_APPLY]
+
+        assert await streams_redis.get(JOB.state) == event.payload
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [event.payload]
+        assert await streams_redis.hgetall(JOB.markers) == {
+            b"7": entry_id(7).encode(),
+            b"last": b"7",
+        }
+
+    async def test_code_1_republishes_without_writing(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        event = encoded(seq=1, stream_id=entry_id(1))
+        await store.apply([event])
+        before = await _snapshot(streams_redis)
+
+        assert await store.apply([event]) == [NEW_REPUBLISH]
+
+        assert await _snapshot(streams_redis) == before
+
+    async def test_code_2_is_a_duplicate_and_writes_nothing(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+        before = await _snapshot(streams_redis)
+
+        judgements = await store.apply([encoded(seq=1, stream_id=entry_id(2), stage="copy")])
+
+        assert judgements == [DUPLICATE]
+        assert await _snapshot(streams_redis) == before
+
+    async def test_code_3_is_stale_and_writes_nothing(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await store.apply([encoded(seq=5, stream_id=entry_id(5))])
+        before = await _snapshot(streams_redis)
+
+        judgements = await store.apply([encoded(seq=3, stream_id=entry_id(3), stage="late")])
+
+        assert judgements == [STALE]
+        assert await _snapshot(streams_redis) == before
+
+    async def test_code_3_also_covers_a_seq_equal_to_the_last_one_without_its_marker(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        applied = encoded(seq=5, stream_id=entry_id(5))
+        await store.apply([applied])
+        # Only "last" is left: the equal seq cannot be told apart from a replay, so it is stale.
+        await streams_redis.hdel(JOB.markers, "5")
+
+        judgements = await store.apply([encoded(seq=5, stream_id=entry_id(6), stage="copy")])
+
+        assert judgements == [STALE]
+        assert await streams_redis.get(JOB.state) == applied.payload
+
+    async def test_the_largest_allowed_seq_is_compared_and_stored_exactly(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        below = encoded(seq=MAX_SEQ - 1, stream_id=entry_id(1))
+        top = encoded(seq=MAX_SEQ, stream_id=entry_id(2))
+
+        judgements = await store.apply(
+            [below, top, encoded(seq=MAX_SEQ - 2, stream_id=entry_id(3))]
+        )
+
+        assert judgements == [NEW_APPLY, NEW_APPLY, STALE]
+        assert await streams_redis.hget(JOB.markers, "last") == str(MAX_SEQ).encode()
+        assert await store.apply([encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
+
+
+class TestKeys:
+    """TTLs, history and payload bytes as written by the script."""
+
+    async def test_state_history_and_markers_get_their_configured_ttls(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+
+        assert 0 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
+        assert 0 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
+        assert STATE_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+
+    async def test_a_new_event_renews_the_ttls(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+        for key in (JOB.state, JOB.history, JOB.markers):
+            await streams_redis.expire(key, 5)
+
+        await store.apply([encoded(seq=2, stream_id=entry_id(2))])
+
+        assert 5 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
+        assert 5 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
+        assert STATE_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+
+    async def test_history_is_trimmed_to_the_newest_payloads_across_batches(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 8)]
+
+        await store.apply(events[:5])
+        after_first = await streams_redis.lrange(JOB.history, 0, -1)
+        await store.apply(events[5:])
+
+        assert after_first == [e.payload for e in events[2:5]]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in events[4:]]
+        assert await streams_redis.get(JOB.state) == events[-1].payload
+
+    async def test_payload_bytes_are_stored_exactly(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        payload = bytes(range(256)) + "résumé ✓".encode()
+
+        await store.apply([raw(payload, seq=1, stream_id=entry_id(1))])
+
+        assert await streams_redis.get(JOB.state) == payload
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [payload]
+        assert (await store.view("scan", "job-1")).state == payload
+
+    async def test_a_batch_of_300_events_across_100_jobs_is_applied_in_one_call(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        jobs = [f"job-{n:03}" for n in range(100)]
+        batch = [
+            encoded(job_id=job, seq=seq, stream_id=entry_id(seq * 1000 + n))
+            for seq in (1, 2, 3)
+            for n, job in enumerate(jobs)
+        ]
+
+        judgements = await store.apply(batch)
+
+        assert judgements == [NEW_APPLY] * 300
+        for job in jobs:
+            keys = JobKeys.of("scan", job)
+            mine = [item.payload for item in batch if item.event.job_id == job]
+            assert await streams_redis.get(keys.state) == mine[-1]
+            assert await streams_redis.lrange(keys.history, 0, -1) == mine
+            assert await streams_redis.hget(keys.markers, "last") == b"3"
+        assert len(await streams_redis.keys("scan:*")) == 300
+
+    async def test_a_batch_longer_than_one_argument_chunk_is_applied_whole(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        batch = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 2501)]
+        replay = [encoded(seq=n, stream_id=entry_id(10_000 + n)) for n in range(1, 2501)]
+
+        assert await store.apply(batch) == [NEW_APPLY] * 2500
+        assert await store.apply(replay) == [DUPLICATE] * 2500
+        assert await streams_redis.hlen(JOB.markers) == 2501
+        assert await streams_redis.hget(JOB.markers, "last") == b"2500"
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [
+            e.payload for e in batch[-HISTORY_SIZE:]
+        ]
+
+
+class TestMarkersExpiry:
+    async def test_once_the_markers_expire_an_older_seq_is_accepted_as_new(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        """The TTL-window contract: dedup and ordering hold while the job's markers live.
+
+        The markers expire `markers_ttl_s` after the job's newest applied event; after that
+        the job is unknown again and any seq, older ones included, is applied as NEW. The
+        script must carry on from an absent markers hash without erroring.
+        """
+        await store.apply([encoded(seq=5, stream_id=entry_id(5))])
+        await streams_redis.pexpire(JOB.markers, 1)
+
+        async def markers_gone() -> bool:
+            return not await streams_redis.exists(JOB.markers)
+
+        await wait_until(markers_gone, what="the markers hash to expire")
+        older = encoded(seq=3, stream_id=entry_id(3), stage="late")
+
+        assert await store.apply([older]) == [NEW_APPLY]
+        assert await streams_redis.get(JOB.state) == older.payload
+        assert await streams_redis.hgetall(JOB.markers) == {
+            b"3": entry_id(3).encode(),
+            b"last": b"3",
+        }
+        assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+
+
+async def _snapshot(redis: Redis) -> tuple[object, ...]:
+    return (
+        await redis.get(JOB.state),
+        await redis.lrange(JOB.history, 0, -1),
+        await redis.hgetall(JOB.markers),
+    )
