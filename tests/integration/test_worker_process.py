@@ -1,0 +1,217 @@
+"""`eco-router worker` as a subprocess, end to end on real Redis servers."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from eco_router.testing import RedisServer
+from tests.integration.support import (
+    CHAT,
+    SCAN,
+    PubSubCollector,
+    WorkerProcess,
+    Workers,
+    add_event,
+    eventually,
+    job_state,
+    pending_count,
+    worker_env,
+)
+
+
+@pytest.fixture
+def workers(
+    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
+) -> Iterator[Workers]:
+    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture
+async def subscriber(pubsub_server: RedisServer) -> AsyncIterator[PubSubCollector]:
+    async with PubSubCollector(pubsub_server.url) as collector:
+        yield collector
+
+
+@pytest.fixture
+async def worker(workers: Workers) -> WorkerProcess:
+    return await workers.start()
+
+
+class TestRoutingByTheWorker:
+    async def test_good_events_reach_a_subscriber_in_order_with_the_routed_shape(
+        self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis
+    ) -> None:
+        ids = [
+            await add_event(
+                streams_redis,
+                "scan-42",
+                seq,
+                stage="scanning",
+                progress=str(seq * 20),
+                result=orjson.dumps({"found": seq, "paths": ["/a"]}).decode(),
+            )
+            for seq in range(1, 6)
+        ]
+        chat_id = await add_event(streams_redis, "chat-7", 1, family=CHAT, status="done")
+
+        await eventually(lambda: len(subscriber.messages) == 6, what="six messages")
+
+        received = subscriber.for_job("scan-42")
+        assert [p["seq"] for p in received] == [1, 2, 3, 4, 5]
+        assert received[2] == {
+            "job_id": "scan-42",
+            "seq": 3,
+            "stage": "scanning",
+            "progress": 60,
+            "result": {"found": 3, "paths": ["/a"]},
+            "stream_id": ids[2],
+            "domain": "scan",
+        }
+        assert [p["stream_id"] for p in received] == ids
+        assert subscriber.for_job("chat-7") == [
+            {"job_id": "chat-7", "seq": 1, "status": "done", "stream_id": chat_id, "domain": "chat"}
+        ]
+        assert await job_state(streams_redis, "scan-42") == received[-1]
+        assert await eventually(lambda: _nothing_pending(streams_redis), what="all acked")
+
+
+class TestOpsEndpoints:
+    async def test_health_ready_and_metrics_answer_while_both_servers_are_up(
+        self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis
+    ) -> None:
+        await add_event(streams_redis, "scan-1", 1)
+        await eventually(lambda: subscriber.seqs("scan-1") == [1], what="event routed")
+
+        health = await worker.get("/health")
+        ready = await worker.get("/ready")
+        routed = await eventually(
+            lambda: worker.metric("event_router_events_total", domain="scan", verdict="new"),
+            what="a routed event counted",
+        )
+
+        assert health.status_code == 200
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "ready": True,
+            "checks": {"streams": "ok", "pubsub": "ok", "router": "ok"},
+        }
+        assert routed == 1
+
+    async def test_ready_turns_503_when_the_pubsub_server_stops(
+        self, worker: WorkerProcess, pubsub_server: RedisServer
+    ) -> None:
+        assert (await worker.get("/ready")).status_code == 200
+
+        pubsub_server.stop()
+
+        async def not_ready() -> bool:
+            return (await worker.get("/ready")).status_code == 503
+
+        await eventually(not_ready, what="/ready answers 503")
+        body = (await worker.get("/ready")).json()
+        assert body["ready"] is False
+        assert body["checks"]["pubsub"].startswith("unreachable")
+        assert body["checks"]["streams"] == "ok"
+        assert (await worker.get("/health")).status_code == 200
+
+
+class TestShutdown:
+    async def test_sigterm_exits_0_and_leaves_nothing_pending(
+        self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis
+    ) -> None:
+        await add_event(streams_redis, "scan-warm", 1)
+        await eventually(lambda: subscriber.seqs("scan-warm") == [1], what="warm-up routed")
+        for seq in range(1, 201):
+            await add_event(streams_redis, f"scan-{seq % 7}", seq)
+
+        worker.terminate()
+
+        assert await worker.wait_exit(timeout_s=10) == 0
+        assert await pending_count(streams_redis) == 0
+        # Whatever the group handed out before the signal was published, not dropped.
+        delivered = await _delivered_ids(streams_redis)
+        assert delivered
+        await eventually(
+            lambda: delivered <= subscriber.stream_ids(), what="every delivered entry published"
+        )
+        assert "worker stopped" in worker.log()
+
+    async def test_sigterm_while_a_batch_is_in_flight_drains_it(
+        self,
+        worker: WorkerProcess,
+        subscriber: PubSubCollector,
+        streams_redis: Redis,
+        pubsub_redis: Redis,
+    ) -> None:
+        # PUBLISH waits while clients are paused for writes: the batch is read, applied and
+        # stuck in its publish when the signal arrives.
+        await pubsub_redis.client_pause(10_000, all=False)
+        try:
+            # One transaction, so the worker's blocked read takes all twenty as one batch.
+            async with streams_redis.pipeline(transaction=True) as pipe:
+                for seq in range(1, 21):
+                    pipe.xadd(
+                        SCAN.stream_for("scan-inflight"), {"job_id": "scan-inflight", "seq": seq}
+                    )
+                await pipe.execute()
+            await eventually(
+                lambda: _pending_is(streams_redis, 20), what="the batch held by the worker"
+            )
+            worker.terminate()
+            await eventually(lambda: "stopping: draining" in worker.log(), what="drain began")
+        finally:
+            await pubsub_redis.client_unpause()
+
+        assert await worker.wait_exit(timeout_s=10) == 0
+        await eventually(
+            lambda: subscriber.seqs("scan-inflight") == list(range(1, 21)),
+            what="the in-flight batch published",
+        )
+        assert await pending_count(streams_redis) == 0
+
+
+class TestConfiguration:
+    def test_an_invalid_setting_exits_2_naming_the_variable(
+        self, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        env = worker_env(streams_server.url, pubsub_server.url, EVENT_ROUTER_READ_COUNT="abc")
+
+        done = subprocess.run(
+            [*WorkerProcess.command(), "worker"],
+            env=env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+
+        assert done.returncode == 2
+        assert b"invalid configuration" in done.stderr
+        assert b"EVENT_ROUTER_READ_COUNT" in done.stderr
+
+
+async def _nothing_pending(redis: Redis) -> bool:
+    return await pending_count(redis) == 0
+
+
+async def _pending_is(redis: Redis, count: int) -> bool:
+    return await pending_count(redis) == count
+
+
+async def _delivered_ids(redis: Redis) -> set[str]:
+    """Every entry id at or before its group's last-delivered id, over all shards."""
+    delivered: set[str] = set()
+    for stream in SCAN.streams:
+        groups = await redis.xinfo_groups(stream)
+        last = groups[0]["last-delivered-id"].decode() if groups else "0-0"
+        if last == "0-0":
+            continue
+        delivered |= {i.decode() for i, _ in await redis.xrange(stream, "-", last)}
+    return delivered
