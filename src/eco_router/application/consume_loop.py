@@ -48,6 +48,7 @@ class ConsumeLoop:
         self._backoff = backoff or Backoff()
         self._drain_grace_s = drain_grace_s
         self._prefetch: asyncio.Task[list[Delivery]] | None = None
+        self.recovered = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await self._prepare(stop):
@@ -73,6 +74,8 @@ class ConsumeLoop:
                             after=own_cursor, count=self._read_count
                         )
                         recovering = bool(batch)
+                        if not recovering:
+                            self.recovered.set()
                         for delivery in batch:
                             own_cursor[delivery.stream] = delivery.entry_id
                     elif not batch:

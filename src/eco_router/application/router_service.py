@@ -45,13 +45,20 @@ class RouterService:
         async with asyncio.TaskGroup() as group:
             self._tasks = {
                 "consumer": group.create_task(self._consume.run(stop), name="consumer"),
-                "reclaimer": group.create_task(
-                    run_every(self._reclaim_interval_s, stop, self._reclaim, name="reclaimer"),
-                    name="reclaimer",
-                ),
+                "reclaimer": group.create_task(self._reclaim_loop(stop), name="reclaimer"),
                 "observer": group.create_task(
                     run_every(self._observe_interval_s, stop, self._observe, name="observer"),
                     name="observer",
                 ),
             }
         log.info("router stopped")
+
+    async def _reclaim_loop(self, stop: asyncio.Event) -> None:
+        # The consumer first finishes its own pending entries; reclaiming them at the same
+        # time would route (and count) the same entries twice.
+        recovered = asyncio.ensure_future(self._consume.recovered.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({recovered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        recovered.cancel()
+        stopped.cancel()
+        await run_every(self._reclaim_interval_s, stop, self._reclaim, name="reclaimer")
