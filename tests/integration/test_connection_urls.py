@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError
 
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.runner import RouterRunner
@@ -29,15 +30,56 @@ def tls_files(tmp_path: Path) -> dict[str, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
     files = {name: tmp_path / f"{name}.pem" for name in ("ca", "ca-key", "cert", "key")}
     run = [lambda *args: subprocess.run(args, check=True, capture_output=True)][0]
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        "-subj", "/CN=eco-router test CA", "-keyout", files["ca-key"], "-out", files["ca"])
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=eco-router test CA",
+        "-keyout",
+        files["ca-key"],
+        "-out",
+        files["ca"],
+    )
     csr = tmp_path / "server.csr"
-    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-        "-keyout", files["key"], "-out", csr)
+    run(
+        "openssl",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        files["key"],
+        "-out",
+        csr,
+    )
     ext = tmp_path / "ext.cnf"
     ext.write_text("subjectAltName=IP:127.0.0.1\n")
-    run("openssl", "x509", "-req", "-in", csr, "-CA", files["ca"], "-CAkey", files["ca-key"],
-        "-CAcreateserial", "-days", "1", "-extfile", ext, "-out", files["cert"])
+    run(
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        files["ca"],
+        "-CAkey",
+        files["ca-key"],
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        ext,
+        "-out",
+        files["cert"],
+    )
     return files  # fmt: skip
 
 
@@ -61,8 +103,8 @@ async def route_one_event(streams_url: str, pubsub_url: str) -> dict[str, object
     settings = load_settings(
         REDIS_STREAMS_URL=streams_url,
         REDIS_PUBSUB_URL=pubsub_url,
-        EVENT_ROUTER_READ_BLOCK_MS=100,
-        EVENT_ROUTER_CONSUMER_NAME="url-test",
+        read_block_ms=100,
+        consumer_name="url-test",
     )
     container = build_container(settings)
     async with RouterRunner(container):
@@ -90,7 +132,7 @@ class TestCredentialsAndTls:
     ) -> None:
         server, _ = secured_server
         url = f"redis://router:wrong@127.0.0.1:{server.port}/0"
-        with pytest.raises(Exception, match="(?i)auth|password|WRONGPASS"):
+        with pytest.raises(AuthenticationError):
             await route_one_event(url, url)
 
     async def test_rediss_urls_use_tls(

@@ -45,7 +45,9 @@ def parse_families(spec: str) -> tuple[StreamFamily, ...]:
 class Settings(BaseSettings):
     """Every setting of the router; env names as documented in the README."""
 
-    model_config = SettingsConfigDict(env_prefix="EVENT_ROUTER_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="EVENT_ROUTER_", extra="forbid", frozen=True, populate_by_name=True
+    )
 
     redis_streams_url: str = Field(
         "redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_STREAMS_URL")
