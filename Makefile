@@ -36,7 +36,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 run: venv
-	$(BIN)/eco-router serve $(if $(REDIS_STREAMS_URL),,--in-memory)
+	$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
 
 worker: venv
 	$(BIN)/eco-router worker

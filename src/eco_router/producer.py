@@ -15,13 +15,12 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
-from eco_router.adapters.redis.publisher import (
+from eco_router.adapters.progress_entries import (
     DEFAULT_IDEMPOTENCY_TTL_S,
     DEFAULT_MAXLEN,
-    AsyncStreamPublisher,
     ProducerConfig,
-    StreamPublisher,
 )
+from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
 from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
 from eco_router.domain.streams import StreamFamily, shard_for
 

@@ -97,11 +97,24 @@ class RunDemoJobs:
                     job_id = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                await self._run_job(job_id, pacer, tally, stop, on_event)
+                failing_at = (
+                    self._random.randrange(len(self._stages))
+                    if self._random.randrange(self._failure_every) == 0
+                    else None
+                )
+                await self._run_job(job_id, pacer, tally, stop, on_event, failing_at)
 
         async with asyncio.TaskGroup() as group:
             for _ in range(min(self._concurrency, jobs)):
                 group.create_task(worker())
+        return tally
+
+    async def run_one(
+        self, job_id: str, stop: asyncio.Event, *, fail_at: int | None = None
+    ) -> DemoTally:
+        """One whole pipeline for `job_id`, failing at stage index `fail_at` if given."""
+        tally = DemoTally()
+        await self._run_job(job_id, _Pacer(self._rate), tally, stop, None, fail_at)
         return tally
 
     async def _run_job(
@@ -111,13 +124,9 @@ class RunDemoJobs:
         tally: DemoTally,
         stop: asyncio.Event,
         on_event: Callable[[DemoTally], None] | None,
+        failing_at: int | None,
     ) -> None:
         tally.jobs_started += 1
-        failing_at = (
-            self._random.randrange(len(self._stages))
-            if self._random.randrange(self._failure_every) == 0
-            else None
-        )
         plan: list[tuple[str, str, dict[str, Any]]] = [("queued", "queued", {"progress": 0})]
         for index, stage in enumerate(self._stages):
             share = 100 // (len(self._stages) + 1)
@@ -146,3 +155,34 @@ class RunDemoJobs:
             tally.jobs_finished += 1
         else:
             tally.jobs_failed += 1
+
+
+class StartDemoJob:
+    """Start one simulated job in the background and return its id at once.
+
+    - Job ids are unique per call; the job runs at the demo's pace until done or failed.
+    - Every job is owned: `aclose()` stops and awaits them all (application shutdown).
+    """
+
+    def __init__(self, *, run: RunDemoJobs, job_prefix: str = "demo") -> None:
+        self._run = run
+        self._prefix = job_prefix
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[DemoTally]] = set()
+        self._count = 0
+
+    async def __call__(self, *, fail: bool = False) -> str:
+        self._count += 1
+        job_id = f"{self._prefix}-{int(time.time() * 1000):x}-{self._count}"
+        run = self._run.run_one(job_id, self._stop, fail_at=2 if fail else None)
+        task = asyncio.create_task(run, name=job_id)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job_id
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -11,3 +11,11 @@ class TransientError(PortError):
 
 class PublishFailed(TransientError):
     """A publish did not reach the Pub/Sub server; the events it carried are owed a publish."""
+
+
+class Unauthorized(PortError):
+    """No valid credentials were presented."""
+
+
+class Forbidden(PortError):
+    """The credentials are valid but do not grant access to this job."""

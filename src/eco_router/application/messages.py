@@ -71,3 +71,10 @@ class JobView:
 
     state: bytes | None
     history: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedGap:
+    """Live events may have been lost (slow client, Pub/Sub reconnect): re-read the history."""
+
+    reason: str

@@ -10,11 +10,13 @@ from eco_router.application.messages import (
     DeadLetter,
     Delivery,
     EncodedEvent,
+    FeedGap,
     JobView,
     ShardStats,
 )
 from eco_router.domain.event import JobEvent
 from eco_router.domain.rejection import RejectReason
+from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.verdict import Judgement, Verdict
 
@@ -168,4 +170,73 @@ class ProgressPublisher(Protocol):
         seq: int | None = None,
     ) -> str:
         """Append the event once; returns its stream entry id."""
+        ...
+
+
+@runtime_checkable
+class FeedSubscription(Protocol):
+    """One viewer's live events of one job, in publish order."""
+
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
+        """The next event, a gap notice, or None when `timeout_s` passes first."""
+        ...
+
+    async def close(self) -> None:
+        """Stop receiving; the channel is unsubscribed when its last viewer closes."""
+        ...
+
+
+@runtime_checkable
+class EventFeed(Protocol):
+    """Live per-job events, many viewers sharing one Pub/Sub connection."""
+
+    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
+        """Subscribed once this returns: everything published afterwards is delivered."""
+        ...
+
+
+@runtime_checkable
+class EventDecoder(Protocol):
+    """Reads the seq and kind out of a routed payload."""
+
+    def decode(self, payload: bytes) -> GatewayEvent | None:
+        """The event, or None when the payload is not a routed event."""
+        ...
+
+
+@runtime_checkable
+class Authorizer(Protocol):
+    """Decides whether a request may read a job's events."""
+
+    def authorize(self, token: str | None, job_id: str) -> None:
+        """Raise `Unauthorized` without a valid token, `Forbidden` if it does not name the job."""
+        ...
+
+
+@runtime_checkable
+class GatewayMetrics(Protocol):
+    """What the SSE gateway reports."""
+
+    def connection_opened(self) -> None:
+        """A client connected."""
+        ...
+
+    def connection_closed(self, reason: str) -> None:
+        """A client's stream ended: done, error, timeout, disconnect."""
+        ...
+
+    def events_sent(self, count: int, *, replayed: bool) -> None:
+        """Events written to a client, from the history (replayed) or live."""
+        ...
+
+    def snapshot_sent(self) -> None:
+        """A snapshot told a client it may have missed events."""
+        ...
+
+    def events_dropped(self, count: int) -> None:
+        """Events dropped for a slow client."""
+        ...
+
+    def delivered(self, latency_ms: float) -> None:
+        """A live event reached a client this long after its entry was written."""
         ...

@@ -38,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             return _worker(settings)
         if args.command == "serve":
-            return _serve(settings, host=args.host, port=args.port, in_memory=args.in_memory)
+            return _serve(
+                settings, host=args.host, port=args.port, in_memory=args.in_memory, demo=args.demo
+            )
         return asyncio.run(_operator_command(settings, args))
     except (UsageError, InvalidProgressEvent) as error:
         print(f"eco-router {args.command}: {error}", file=sys.stderr)
@@ -63,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         "--in-memory",
         action="store_true",
         help="use in-memory adapters instead of Redis (nothing is persisted)",
+    )
+    serve_cmd.add_argument(
+        "--demo",
+        action="store_true",
+        help="let the page at / start demo jobs (POST /api/v1/demo/jobs)",
     )
     _add_operator_commands(commands)
     return parser
@@ -174,13 +181,21 @@ def _worker(settings: Settings) -> int:
     return 0
 
 
-def _serve(settings: Settings, *, host: str, port: int, in_memory: bool) -> int:
+def _serve(settings: Settings, *, host: str, port: int, in_memory: bool, demo: bool) -> int:
     if in_memory:
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
         _log_start("serve", settings)
-    app = create_app(build_container(settings, in_memory=in_memory))
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower())
+    app = create_app(build_container(settings, in_memory=in_memory), demo=demo)
+    log.info("open http://%s:%d/ in a browser", host, port)
+    # Open SSE streams would hold a graceful shutdown forever: give them a few seconds.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=3,
+    )
     return 0
 
 

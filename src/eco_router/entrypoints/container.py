@@ -5,25 +5,37 @@ from __future__ import annotations
 from dependency_injector import containers, providers
 from prometheus_client import CollectorRegistry
 
-from eco_router.adapters.json_encoder import OrjsonEventEncoder
+from eco_router.adapters.json_codec import OrjsonEventDecoder, OrjsonEventEncoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
+from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.publisher import InMemoryStreamPublisher
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_service import RouterService
+from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
+from eco_router.entrypoints.factories import (
+    DEMO_EVENTS_PER_SECOND,
+    demo_producer_config,
+    make_authorizer,
+    open_event_feed,
+)
 from eco_router.entrypoints.settings import Settings
 
 
@@ -115,6 +127,45 @@ class Container(containers.DeclarativeContainer):
 
     memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
 
+    decoder = providers.Singleton(OrjsonEventDecoder)
+    gateway_metrics = providers.Singleton(PrometheusGatewayMetrics, registry=metrics_registry)
+    event_feed = providers.Resource(
+        open_event_feed,
+        pubsub_redis,
+        channel_prefix=settings.provided.channel_prefix,
+        decoder=decoder,
+        metrics=gateway_metrics,
+        queue_size=settings.provided.sse_queue_size,
+    )
+    authorizer = providers.Singleton(make_authorizer, settings.provided.jwt_secret)
+    stream_limits = providers.Singleton(
+        StreamLimits,
+        keepalive_s=settings.provided.sse_keepalive_s,
+        max_wait_s=settings.provided.sse_max_wait_s,
+        history_size=settings.provided.history_size,
+    )
+    stream_job_events = providers.Singleton(
+        StreamJobEvents,
+        feed=event_feed,
+        store=state_store,
+        decoder=decoder,
+        clock=clock,
+        metrics=gateway_metrics,
+        limits=stream_limits,
+    )
+
+    producer_config = providers.Singleton(demo_producer_config, settings)
+    demo_publisher = providers.Singleton(AsyncStreamPublisher, streams_redis, producer_config)
+    start_demo_job = providers.Singleton(
+        StartDemoJob,
+        run=providers.Singleton(
+            RunDemoJobs,
+            publisher=demo_publisher,
+            stages=producer_config.provided.plan.stages,
+            rate=DEMO_EVENTS_PER_SECOND,
+        ),
+    )
+
 
 def use_in_memory(container: Container) -> None:
     """Replace every Redis adapter with its in-memory twin (no sockets are opened)."""
@@ -144,6 +195,20 @@ def use_in_memory(container: Container) -> None:
     )
     container.dead_letters.override(
         providers.Singleton(InMemoryDeadLetterSink, container.memory_streams)
+    )
+    container.event_feed.override(
+        providers.Singleton(
+            InMemoryEventFeed,
+            container.broadcaster,
+            decoder=container.decoder,
+            metrics=container.gateway_metrics,
+            queue_size=settings.provided.sse_queue_size,
+        )
+    )
+    container.demo_publisher.override(
+        providers.Singleton(
+            InMemoryStreamPublisher, container.memory_streams, container.producer_config
+        )
     )
 
 

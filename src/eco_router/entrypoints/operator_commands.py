@@ -12,9 +12,10 @@ from typing import Any, TextIO
 import orjson
 from redis.asyncio import Redis
 
+from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
-from eco_router.adapters.redis.publisher import AsyncStreamPublisher, ProducerConfig
+from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
 from eco_router.domain.progress import StagePlan

@@ -6,7 +6,14 @@ import os
 import socket
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from eco_router.domain.streams import StreamFamily
@@ -67,6 +74,11 @@ class Settings(BaseSettings):
     channel_prefix: str = Field("sse:events", min_length=1)
     max_field_bytes: int = Field(64 * 1024, ge=1)
     stats_interval_s: float = Field(5, gt=0)
+    jwt_secret: SecretStr | None = None
+    jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    sse_keepalive_s: float = Field(15, gt=0)
+    sse_max_wait_s: float = Field(300, gt=0)
+    sse_queue_size: int = Field(256, ge=2, le=100_000)
     http_host: str = "0.0.0.0"
     http_port: int = Field(8001, ge=0, le=65_535)
     log_level: str = "INFO"
@@ -81,6 +93,13 @@ class Settings(BaseSettings):
     def _check_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(_REDIS_SCHEMES):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _check_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value():
+            raise ValueError("must not be empty (unset it to run without authorization)")
         return value
 
     @field_validator("log_level")
@@ -99,6 +118,10 @@ class Settings(BaseSettings):
                 "redelivered old event could be applied over a newer state"
             )
         return self
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return tuple(f.domain for f in self.streams)
 
     @property
     def pubsub_url(self) -> str:

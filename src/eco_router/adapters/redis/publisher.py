@@ -2,85 +2,24 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import redis
 import redis.asyncio
 
+from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.ports import ProgressPublisher
-from eco_router.domain.progress import (
-    InvalidProgressEvent,
-    ProgressEvent,
-    StagePlan,
-    progress_event,
-)
-from eco_router.domain.streams import StreamFamily
-
-DEFAULT_IDEMPOTENCY_TTL_S = 7200
-DEFAULT_MAXLEN = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class PublishCall:
-    """One validated publish: the script's keys and arguments."""
-
-    keys: list[str]
-    args: list[str | int]
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerConfig:
-    """Where and how a producer writes: the family, the stage plan, the window and the trim."""
-
-    family: StreamFamily
-    plan: StagePlan = field(default_factory=StagePlan)
-    idempotency_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_S
-    maxlen: int = DEFAULT_MAXLEN
-
-    def call(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> PublishCall:
-        """Validate and encode; raises `InvalidProgressEvent` before any I/O."""
-        event = progress_event(
-            job_id, stage, status, plan=self.plan, result=result, progress=progress, seq=seq
-        )
-        stream = self.family.stream_for(event.job_id)
-        # The hash tag puts the marker in the stream's Redis Cluster slot: one script, one slot.
-        marker = f"{{{stream}}}:once:{event.idempotency_suffix}"
-        args: list[str | int] = [self.idempotency_ttl_s, self.maxlen]
-        for name, value in stream_fields(event).items():
-            args += (name, value)
-        return PublishCall([stream, marker], args)
-
-
-def stream_fields(event: ProgressEvent) -> dict[str, str]:
-    """The entry's string fields; `result` as JSON with non-ASCII kept as is."""
-    fields = {
-        "job_id": event.job_id,
-        "stage": event.stage,
-        "status": event.status.value,
-        "seq": str(event.seq),
-        "ts": f"{time.time():.3f}",
-    }
-    if event.progress is not None:
-        fields["progress"] = str(event.progress)
-    if event.has_result:
-        try:
-            fields["result"] = orjson.dumps(event.result).decode()
-        except TypeError as error:
-            raise InvalidProgressEvent(f"result is not JSON-encodable: {error}") from error
-    return fields
+def script_arguments(
+    entry: PreparedEntry, config: ProducerConfig
+) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV of `publish_once.lua`."""
+    args: list[str | int] = [config.idempotency_ttl_s, config.maxlen]
+    for name, value in entry.fields.items():
+        args += (name, value)
+    return [entry.stream, entry.idempotency_key], args
 
 
 class AsyncStreamPublisher(ProgressPublisher):
@@ -100,8 +39,9 @@ class AsyncStreamPublisher(ProgressPublisher):
         progress: int | None = None,
         seq: int | None = None,
     ) -> str:
-        call = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
-        return _text(await self._script(keys=call.keys, args=call.args))
+        entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+        keys, args = script_arguments(entry, self.config)
+        return _text(await self._script(keys=keys, args=args))
 
 
 class StreamPublisher:
@@ -121,8 +61,9 @@ class StreamPublisher:
         progress: int | None = None,
         seq: int | None = None,
     ) -> str:
-        call = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
-        return _text(self._script(keys=call.keys, args=call.args))
+        entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+        keys, args = script_arguments(entry, self.config)
+        return _text(self._script(keys=keys, args=args))
 
 
 def _text(value: bytes | str) -> str:

@@ -1,4 +1,4 @@
-"""The HTTP application factory and its lifespan."""
+"""The HTTP application factory, its lifespan and its error table."""
 
 from __future__ import annotations
 
@@ -6,30 +6,60 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from eco_router import __version__
+from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.entrypoints.container import Container
-from eco_router.entrypoints.http import ops_routes
+from eco_router.entrypoints.http import ops_routes, sse_routes
+from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
 
 log = logging.getLogger(__name__)
 
+# The one place port errors become HTTP statuses.
+ERROR_STATUS: dict[type[PortError], int] = {
+    Unauthorized: 401,
+    Forbidden: 403,
+    TransientError: 503,
+}
 
-def create_app(container: Container, *, run_router: bool = True) -> FastAPI:
-    """The app; with `run_router` its lifespan opens the connections and runs the router."""
+
+def create_app(container: Container, *, run_router: bool = True, demo: bool = False) -> FastAPI:
+    """The app; with `run_router` its lifespan opens the connections and runs the router.
+
+    `demo` enables `POST /api/v1/demo/jobs`, which the page at `/` uses to start a job.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not run_router:
             yield
             return
+        if container.settings().jwt_secret is None:
+            log.warning(
+                "EVENT_ROUTER_JWT_SECRET is not set: every job's events are open to everyone"
+            )
         async with RouterRunner(container) as runner:
             app.state.runner = runner
-            yield
+            try:
+                yield
+            finally:
+                demo_jobs = await resolve(container.start_demo_job())
+                await demo_jobs.aclose()
 
     app = FastAPI(title="eco-router", version=__version__, lifespan=lifespan)
     app.state.container = container
-    container.wire(modules=[ops_routes])
+    app.state.demo = demo
+    container.wire(modules=[ops_routes, sse_routes])
     app.include_router(ops_routes.router)
+    app.include_router(sse_routes.router)
+
+    @app.exception_handler(PortError)
+    async def port_error(request: Request, error: PortError) -> JSONResponse:
+        status = next((s for t, s in ERROR_STATUS.items() if isinstance(error, t)), 500)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+
     return app

@@ -14,17 +14,22 @@ local history_size = tonumber(ARGV[3])
 
 -- unpack() is bounded by the Lua stack: spread long argument lists over several calls.
 local CHUNK = 1000
+-- Returns the concatenated replies of a command answering lists, else the last reply.
 local function call_chunked(command, key, values)
   local replies = {}
+  local last
   for first = 1, #values, CHUNK do
-    local reply = redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
-    if type(reply) == 'table' then
-      for _, value in ipairs(reply) do
+    last = redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, #values)))
+    if type(last) == 'table' then
+      for _, value in ipairs(last) do
         replies[#replies + 1] = value
       end
     end
   end
-  return replies
+  if type(last) == 'table' then
+    return replies
+  end
+  return last
 end
 
 local jobs = {}
@@ -85,8 +90,10 @@ for _, job in ipairs(jobs) do
   if #payloads > 0 then
     local history = KEYS[job * 3 - 1]
     redis.call('SET', KEYS[job * 3 - 2], payloads[#payloads], 'EX', state_ttl)
-    call_chunked('RPUSH', history, payloads)
-    redis.call('LTRIM', history, -history_size, -1)
+    local length = call_chunked('RPUSH', history, payloads)
+    if length > history_size then
+      redis.call('LTRIM', history, -history_size, -1)
+    end
     redis.call('EXPIRE', history, state_ttl)
     -- `last` stays the seq's own string: Lua would print a large number in exponent form.
     marks[#marks + 1] = 'last'

@@ -1,0 +1,79 @@
+"""In-memory adapter of `EventFeed` over `InMemoryBroadcaster`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from eco_router.adapters.feed_queue import ViewerQueue
+from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
+from eco_router.application.messages import FeedGap
+from eco_router.application.ports import (
+    EventDecoder,
+    EventFeed,
+    FeedSubscription,
+    GatewayMetrics,
+)
+from eco_router.domain.sse import GatewayEvent
+
+
+class InMemoryFeedSubscription(FeedSubscription):
+    """Pumps the broadcaster's queue for one channel into a bounded viewer queue."""
+
+    def __init__(
+        self,
+        broadcaster: InMemoryBroadcaster,
+        channel: str,
+        domain: str,
+        decoder: EventDecoder,
+        viewer: ViewerQueue,
+    ) -> None:
+        self._broadcaster = broadcaster
+        self._channel = channel
+        self._source = broadcaster.subscribe(channel)
+        self._viewer = viewer
+        self._domain = domain
+        self._decoder = decoder
+        self._pump = asyncio.create_task(self._forward())
+
+    async def _forward(self) -> None:
+        while True:
+            payload = await self._source.get()
+            event = self._decoder.decode(payload)
+            if event is not None and event.belongs_to(self._domain):
+                self._viewer.put(event)
+
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
+        return await self._viewer.get(timeout_s)
+
+    async def close(self) -> None:
+        self._broadcaster.unsubscribe(self._channel, self._source)
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+
+
+class InMemoryEventFeed(EventFeed):
+    """Live events straight from an `InMemoryBroadcaster` in the same process."""
+
+    def __init__(
+        self,
+        broadcaster: InMemoryBroadcaster,
+        *,
+        decoder: EventDecoder,
+        metrics: GatewayMetrics,
+        queue_size: int = 256,
+    ) -> None:
+        self._broadcaster = broadcaster
+        self._decoder = decoder
+        self._metrics = metrics
+        self._queue_size = queue_size
+
+    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
+        return InMemoryFeedSubscription(
+            self._broadcaster,
+            self._broadcaster.channel(job_id),
+            domain,
+            self._decoder,
+            ViewerQueue(maxsize=self._queue_size, on_drop=self._metrics.events_dropped),
+        )

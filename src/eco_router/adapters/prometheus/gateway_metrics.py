@@ -1,0 +1,73 @@
+"""prometheus-client adapter of `GatewayMetrics`, in the `event_router_gateway_` family."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from eco_router.application.ports import GatewayMetrics
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class PrometheusGatewayMetrics(GatewayMetrics):
+    """Registers the gateway's metrics on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._active = Gauge(
+            "event_router_gateway_connections_active",
+            "SSE connections open now.",
+            registry=registry,
+        )
+        self._opened = Counter(
+            "event_router_gateway_connections_opened",
+            "SSE connections opened.",
+            registry=registry,
+        )
+        self._closed = Counter(
+            "event_router_gateway_connections_closed",
+            "SSE connections closed, by reason (done, error, timeout, disconnect).",
+            ["reason"],
+            registry=registry,
+        )
+        self._sent = Counter(
+            "event_router_gateway_events_sent",
+            "Events written to clients, live or replayed from the history.",
+            ["source"],
+            registry=registry,
+        )
+        self._snapshots = Counter(
+            "event_router_gateway_snapshots_sent",
+            "Snapshots sent because a client may have missed events.",
+            registry=registry,
+        )
+        self._dropped = Counter(
+            "event_router_gateway_events_dropped",
+            "Intermediate events dropped for slow clients.",
+            registry=registry,
+        )
+        self._latency = Histogram(
+            "event_router_gateway_delivery_latency_seconds",
+            "Entry written (its id's time) to written to the client, live events.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def connection_opened(self) -> None:
+        self._opened.inc()
+        self._active.inc()
+
+    def connection_closed(self, reason: str) -> None:
+        self._closed.labels(reason).inc()
+        self._active.dec()
+
+    def events_sent(self, count: int, *, replayed: bool) -> None:
+        self._sent.labels("replay" if replayed else "live").inc(count)
+
+    def snapshot_sent(self) -> None:
+        self._snapshots.inc()
+
+    def events_dropped(self, count: int) -> None:
+        self._dropped.inc(count)
+
+    def delivered(self, latency_ms: float) -> None:
+        self._latency.observe(latency_ms / 1000)

@@ -1,0 +1,165 @@
+"""Use case: stream one job's events to one client as Server-Sent Events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from eco_router.application.messages import FeedGap
+from eco_router.application.ports import (
+    Clock,
+    EventDecoder,
+    EventFeed,
+    GatewayMetrics,
+    StateStore,
+)
+from eco_router.domain.sse import (
+    KEEPALIVE_FRAME,
+    GatewayEvent,
+    error_frame,
+    event_frame,
+    plan_replay,
+    snapshot_frame,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Timers and sizes of a client's stream."""
+
+    keepalive_s: float = 15.0
+    max_wait_s: float = 300.0
+    history_size: int = 100
+
+
+class StreamJobEvents:
+    """Yield the SSE frames of one job for one client until the job ends.
+
+    - Subscribe first, then read history and state: nothing published in between is lost.
+    - Replay, in seq order, every history event after the client's Last-Event-ID (none: from
+      the start); a snapshot first when the job is unknown or the history no longer reaches back.
+    - Then live events; a seq at or below the last one sent on this connection is never sent.
+    - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
+      after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
+    - When the feed reports a gap (slow client, Pub/Sub reconnect): a snapshot, then the
+      history after the last event sent.
+    """
+
+    def __init__(
+        self,
+        *,
+        feed: EventFeed,
+        store: StateStore,
+        decoder: EventDecoder,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        limits: StreamLimits | None = None,
+    ) -> None:
+        self._feed = feed
+        self._store = store
+        self._decoder = decoder
+        self._clock = clock
+        self._metrics = metrics
+        self._limits = limits or StreamLimits()
+
+    async def __call__(
+        self, domain: str, job_id: str, last_event_id: int | None = None
+    ) -> AsyncIterator[bytes]:
+        subscription = await self._feed.subscribe(domain, job_id)
+        self._metrics.connection_opened()
+        cursor = _Cursor(last_event_id)
+        reason = "disconnect"
+        try:
+            for frame in await self._catch_up(domain, job_id, cursor, force_snapshot=False):
+                yield frame
+            if cursor.ended:
+                reason = cursor.ended
+                return
+            started = last_write = self._clock.monotonic()
+            while True:
+                now = self._clock.monotonic()
+                wait_left = started + self._limits.max_wait_s - now
+                if wait_left <= 0:
+                    yield error_frame("timeout")
+                    reason = "timeout"
+                    return
+                keepalive_left = last_write + self._limits.keepalive_s - now
+                if keepalive_left <= 0:
+                    yield KEEPALIVE_FRAME
+                    last_write = now
+                    continue
+                item = await subscription.next(min(wait_left, keepalive_left))
+                if item is None:
+                    continue
+                if isinstance(item, FeedGap):
+                    frames = await self._catch_up(domain, job_id, cursor, force_snapshot=True)
+                else:
+                    frames = self._live(item, cursor)
+                for frame in frames:
+                    yield frame
+                if frames:
+                    last_write = self._clock.monotonic()
+                if cursor.ended:
+                    reason = cursor.ended
+                    return
+        finally:
+            await subscription.close()
+            self._metrics.connection_closed(reason)
+
+    async def _catch_up(
+        self, domain: str, job_id: str, cursor: _Cursor, *, force_snapshot: bool
+    ) -> list[bytes]:
+        view = await self._store.view(domain, job_id)
+        history = [e for e in map(self._decoder.decode, view.history) if e is not None]
+        state = self._decoder.decode(view.state) if view.state is not None else None
+        plan = plan_replay(
+            last_event_id=cursor.last_sent,
+            history=history,
+            state=state,
+            history_size=self._limits.history_size,
+        )
+        frames = []
+        if plan.snapshot or force_snapshot:
+            frames.append(snapshot_frame(state, job_id))
+            self._metrics.snapshot_sent()
+        sent = 0
+        for event in plan.events:
+            if cursor.take(event):
+                frames.append(event_frame(event))
+                sent += 1
+                if cursor.ended:
+                    break
+        if sent:
+            self._metrics.events_sent(sent, replayed=True)
+        if (
+            state is not None
+            and state.terminal
+            and cursor.last_sent is not None
+            and state.seq <= cursor.last_sent
+        ):
+            cursor.ended = state.name  # the client already has the end of this job
+        return frames
+
+    def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
+        if not cursor.take(event):
+            return []
+        self._metrics.events_sent(1, replayed=False)
+        if event.written_ms is not None:
+            self._metrics.delivered(max(0.0, float(self._clock.now_ms() - event.written_ms)))
+        return [event_frame(event)]
+
+
+class _Cursor:
+    """The last seq sent on this connection, and how the stream ended."""
+
+    def __init__(self, last_event_id: int | None) -> None:
+        self.last_sent = last_event_id
+        self.ended: str | None = None
+
+    def take(self, event: GatewayEvent) -> bool:
+        if self.last_sent is not None and event.seq <= self.last_sent:
+            return False
+        self.last_sent = event.seq
+        if event.terminal:
+            self.ended = event.name
+        return True

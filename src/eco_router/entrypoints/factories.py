@@ -1,0 +1,52 @@
+"""Small factories the container wires: connections with a lifecycle and chosen adapters."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from pydantic import SecretStr
+from redis.asyncio import Redis
+
+from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
+from eco_router.adapters.progress_entries import ProducerConfig
+from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.application.ports import Authorizer, EventDecoder, GatewayMetrics
+from eco_router.entrypoints.settings import Settings
+
+# A pace a person can follow in the browser: about two seconds per job.
+DEMO_EVENTS_PER_SECOND = 5.0
+
+
+def demo_producer_config(settings: Settings) -> ProducerConfig:
+    """Demo jobs go to the first configured family."""
+    return ProducerConfig(family=settings.streams[0])
+
+
+def make_authorizer(secret: SecretStr | None) -> Authorizer:
+    """JWTs when a secret is configured, else open (the app warns at startup)."""
+    return JwtAuthorizer(secret.get_secret_value()) if secret is not None else OpenAuthorizer()
+
+
+@asynccontextmanager
+async def open_event_feed(
+    redis: Redis,
+    *,
+    channel_prefix: str,
+    decoder: EventDecoder,
+    metrics: GatewayMetrics,
+    queue_size: int,
+) -> AsyncIterator[RedisPubSubEventFeed]:
+    """The process's one Pub/Sub feed, its reader running while the app runs."""
+    feed = RedisPubSubEventFeed(
+        redis,
+        channel_prefix=channel_prefix,
+        decoder=decoder,
+        metrics=metrics,
+        queue_size=queue_size,
+    )
+    await feed.start()
+    try:
+        yield feed
+    finally:
+        await feed.stop()

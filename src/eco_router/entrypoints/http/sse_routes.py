@@ -1,0 +1,88 @@
+"""The SSE gateway's routes and the demo page."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from dependency_injector.wiring import Provide, inject
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from eco_router.application.demo_jobs import StartDemoJob
+from eco_router.application.ports import Authorizer
+from eco_router.application.stream_job_events import StreamJobEvents
+from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.sse_responses import job_event_stream
+from eco_router.entrypoints.settings import Settings
+
+router = APIRouter()
+
+Stream = Depends(Provide[Container.stream_job_events])
+Auth = Depends(Provide[Container.authorizer])
+Config = Depends(Provide[Container.settings])
+
+
+@router.get("/api/v1/{domain}/{job_id}/events", response_class=StreamingResponse)
+@inject
+async def job_events(
+    request: Request,
+    domain: str,
+    job_id: str,
+    last_event_id: str | None = None,
+    stream: StreamJobEvents = Stream,
+    authorizer: Authorizer = Auth,
+    settings: Settings = Config,
+) -> StreamingResponse:
+    return job_event_stream(
+        request,
+        domain=domain,
+        job_id=job_id,
+        last_event_id=last_event_id,
+        domains=settings.domains,
+        cookie=settings.jwt_cookie,
+        authorizer=authorizer,
+        stream=stream,
+    )
+
+
+@router.get("/api/v1/stream", response_class=StreamingResponse)
+@inject
+async def legacy_job_events(
+    request: Request,
+    job_id: str = Query(..., description="the job to watch (domain scan)"),
+    last_event_id: str | None = None,
+    stream: StreamJobEvents = Stream,
+    authorizer: Authorizer = Auth,
+    settings: Settings = Config,
+) -> StreamingResponse:
+    return job_event_stream(
+        request,
+        domain="scan",
+        job_id=job_id,
+        last_event_id=last_event_id,
+        domains=settings.domains,
+        cookie=settings.jwt_cookie,
+        authorizer=authorizer,
+        stream=stream,
+    )
+
+
+@router.post("/api/v1/demo/jobs", status_code=201)
+@inject
+async def start_demo_job(
+    request: Request,
+    fail: bool = False,
+    start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
+    settings: Settings = Config,
+) -> dict[str, str]:
+    if not request.app.state.demo:
+        raise HTTPException(404, "demo jobs are off (start the app with --demo)")
+    job_id = await start(fail=fail)
+    domain = settings.domains[0]
+    return {"job_id": job_id, "domain": domain, "events": f"/api/v1/{domain}/{job_id}/events"}
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def demo_page() -> HTMLResponse:
+    page = resources.files("eco_router.entrypoints.http").joinpath("static", "index.html")
+    return HTMLResponse(page.read_text(encoding="utf-8"))
