@@ -18,7 +18,7 @@ from eco_router.application.ports import (
     RouterMetrics,
     StateStore,
 )
-from eco_router.domain.event import JobEvent, StreamEntryId
+from eco_router.domain.event import JobEvent
 from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
 from eco_router.domain.rejection import Rejection, RejectReason
 from eco_router.domain.streams import shard_of
@@ -139,7 +139,7 @@ class RouteBatch:
         now_ms = self._clock.now_ms()
         latencies: defaultdict[str, list[float]] = defaultdict(list)
         for item in published:
-            written_ms = StreamEntryId.parse(item.event.stream_id).ms
+            written_ms = int(item.event.stream_id.partition("-")[0])
             latencies[item.event.domain].append(float(max(0, now_ms - written_ms)))
         for domain, values in latencies.items():
             self._metrics.events_published(domain, values)

@@ -93,7 +93,7 @@ def parse_entry(
 
 def _integer(text: str) -> int | None:
     """The decimal integer `text` spells, or None; never raises, however long the digits."""
-    if _INTEGER.fullmatch(text) is None:
+    if not (text.isascii() and text.isdigit()) and _INTEGER.fullmatch(text) is None:
         return None
     try:
         return int(text)
