@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from eco_router.adapters.json_encoder import OrjsonEventEncoder
+from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.application.messages import EncodedEvent
 from eco_router.domain.event import JobEvent
 from eco_router.domain.streams import StreamFamily

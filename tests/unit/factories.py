@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from eco_router.adapters.json_encoder import OrjsonEventEncoder
+from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink

@@ -87,7 +87,7 @@ class RunDemoJobs:
         tally = DemoTally()
         pacer = _Pacer(self._rate)
         queue: asyncio.Queue[str] = asyncio.Queue()
-        run_id = f"{job_prefix}-{int(time.time()):x}"
+        run_id = f"{job_prefix}-{int(time.time() * 1000):x}-{self._random.randrange(16**4):04x}"
         for number in range(jobs):
             queue.put_nowait(f"{run_id}-{number:04d}")
 

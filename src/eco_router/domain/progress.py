@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -12,6 +13,7 @@ from eco_router.domain.errors import DomainError
 from eco_router.domain.parsing import JOB_ID_PATTERN, MAX_SEQ
 
 DEFAULT_STAGES = ("vision", "rule", "answer", "reward")
+STAGE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class Status(StrEnum):
@@ -77,8 +79,12 @@ class ProgressEvent:
 
     @property
     def idempotency_suffix(self) -> str:
-        """What makes two publishes "the same event": the job, the stage and the status."""
-        return f"{self.job_id}:{self.stage}:{self.status.value}"
+        """What makes two publishes "the same event": the job, the stage and the status.
+
+        The job id's length goes first: ids and stages may contain `:`, and ("a:b", "c") must
+        not meet ("a", "b:c").
+        """
+        return f"{len(self.job_id)}:{self.job_id}:{self.stage}:{self.status.value}"
 
 
 def progress_event(
@@ -101,8 +107,8 @@ def progress_event(
         raise InvalidProgressEvent(
             f"unknown status {status!r}; expected one of {[s.value for s in Status]}"
         ) from None
-    if not stage or not isinstance(stage, str):
-        raise InvalidProgressEvent("stage must be a non-empty string")
+    if not isinstance(stage, str) or STAGE_PATTERN.fullmatch(stage) is None:
+        raise InvalidProgressEvent(f"stage {stage!r} must be 1-64 characters of [A-Za-z0-9_.-]")
     if progress is not None and (
         isinstance(progress, bool) or not isinstance(progress, int) or not 0 <= progress <= 100
     ):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +31,10 @@ class GatewayEvent:
             return "done"
         if self.status == "failed":
             return "error"
-        return self.stage or "progress"
+        # The name goes on an `event:` line: anything that could break the framing is not used.
+        if self.stage and _SAFE_NAME.fullmatch(self.stage):
+            return self.stage
+        return "progress"
 
     @property
     def terminal(self) -> bool:

@@ -1,0 +1,401 @@
+"""The operator subcommands as an operator runs them: `eco-router` subprocesses on real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from eco_router.producer import AsyncStreamPublisher, producer_config
+from eco_router.testing import RedisServer
+from tests.integration.support import (
+    SCAN,
+    WorkerProcess,
+    Workers,
+    add_raw,
+    eventually,
+    job_state,
+    worker_env,
+)
+
+SUMMARY = re.compile(r"jobs (\d+)/(\d+) \((\d+) failed\) · events (\d+) \(\+(\d+) retried\)")
+
+
+@pytest.fixture
+def env(streams_server: RedisServer, pubsub_server: RedisServer) -> dict[str, str]:
+    """The environment an operator's shell would have: the servers and the stream families."""
+    return worker_env(streams_server.url, pubsub_server.url)
+
+
+@pytest.fixture
+def workers(
+    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
+) -> Iterator[Workers]:
+    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
+    yield launcher
+    launcher.kill_all()
+
+
+async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `eco-router ARGS` to completion (off the event loop) and keep its output."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*WorkerProcess.command(), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def all_entries(redis: Redis) -> list[tuple[str, dict[bytes, bytes]]]:
+    """Every entry on every `scan` shard."""
+    found = []
+    for stream in SCAN.streams:
+        found += [(i.decode(), fields) for i, fields in await redis.xrange(stream)]
+    return found
+
+
+class TestPublish:
+    async def test_publish_prints_the_stream_and_id_and_writes_the_entry(
+        self, env: dict[str, str], streams_redis: Redis
+    ) -> None:
+        done = await eco_router(
+            env,
+            *("publish", "--job", "job-7", "--stage", "vision", "--status", "completed"),
+            *("--progress", "25", "--result", '{"label": "chat noir 🐈"}'),
+        )
+
+        assert done.returncode == 0, done.stderr
+        stream, entry_id = done.stdout.split()
+        assert stream == SCAN.stream_for("job-7")
+        [(found_id, fields)] = await streams_redis.xrange(stream)
+        assert found_id.decode() == entry_id
+        assert fields[b"seq"] == b"11"
+        assert fields[b"progress"] == b"25"
+        assert fields[b"result"] == '{"label":"chat noir 🐈"}'.encode()
+
+    async def test_publishing_the_same_event_again_prints_the_first_id(
+        self, env: dict[str, str], streams_redis: Redis
+    ) -> None:
+        args = ("publish", "--job", "job-7", "--stage", "rule", "--status", "started")
+        first = await eco_router(env, *args)
+        again = await eco_router(env, *args)
+
+        assert (first.returncode, again.returncode) == (0, 0)
+        assert again.stdout == first.stdout
+        assert await streams_redis.xlen(SCAN.stream_for("job-7")) == 1
+
+    async def test_stages_and_seq_options_set_the_seq(
+        self, env: dict[str, str], streams_redis: Redis
+    ) -> None:
+        base = ("publish", "--job", "job-7", "--status", "completed")
+        by_plan = await eco_router(env, *base, "--stage", "classify", "--stages", "ocr,classify")
+        explicit = await eco_router(env, *base, "--stage", "upload", "--seq", "3")
+
+        assert (by_plan.returncode, explicit.returncode) == (0, 0), by_plan.stderr
+        fields = [f for _, f in await streams_redis.xrange(SCAN.stream_for("job-7"))]
+        assert [(f[b"stage"], f[b"seq"]) for f in fields] == [
+            (b"classify", b"21"),
+            (b"upload", b"3"),
+        ]
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            (("--job", "job 7"), "job_id 'job 7' must be 1-128 characters"),
+            (("--job", "j" * 129), "must be 1-128 characters"),
+            (("--progress", "101"), "progress 101 must be an integer from 0 to 100"),
+            (("--result", "{not json"), "--result is not JSON"),
+            (("--result", '{"score": NaN}'), "no NaN or infinity"),
+            (("--stage", "upload"), "'upload' is not in the plan"),
+            (("--status", "running"), "invalid choice: 'running'"),
+            (("--domain", "billing"), "unknown domain 'billing'"),
+        ],
+        ids=[
+            "space-in-job",
+            "long-job",
+            "progress",
+            "result-not-json",
+            "nan-result",
+            "stage",
+            "status",
+            "domain",
+        ],
+    )
+    async def test_bad_input_exits_2_with_a_message_and_writes_nothing(
+        self,
+        env: dict[str, str],
+        streams_redis: Redis,
+        options: tuple[str, ...],
+        message: str,
+    ) -> None:
+        values = {"--job": "job-7", "--stage": "vision", "--status": "started"}
+        values.update(dict(zip(options[::2], options[1::2], strict=True)))
+
+        done = await eco_router(env, "publish", *(x for pair in values.items() for x in pair))
+
+        assert done.returncode == 2
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+        assert await streams_redis.dbsize() == 0
+
+
+class TestState:
+    async def test_state_prints_the_snapshot_and_the_history_of_a_routed_job(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+        publisher = AsyncStreamPublisher(streams_redis, producer_config())
+        await publisher.publish_stage_event("job-7", "queued", "queued", progress=0)
+        await publisher.publish_stage_event("job-7", "vision", "started", progress=5)
+        await publisher.publish_stage_event(
+            "job-7", "vision", "completed", progress=25, result={"label": "chat 🐈"}
+        )
+        await eventually(
+            lambda: _seq_reached(streams_redis, "job-7", 11), what="job-7 routed up to seq 11"
+        )
+
+        done = await eco_router(env, "state", "job-7")
+
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith("scan job job-7: seq=11  vision/completed  25%")
+        assert 'result={"label": "chat 🐈"}' in lines[0]
+        assert lines[1] == "history (3 events):"
+        assert [line.split()[0] for line in lines[2:]] == ["seq=0", "seq=10", "seq=11"]
+
+    async def test_state_json_is_the_snapshot_and_history_as_json(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+        publisher = AsyncStreamPublisher(streams_redis, producer_config())
+        await publisher.publish_stage_event("job-7", "queued", "queued")
+        await publisher.publish_stage_event("job-7", "rule", "failed", result={"error": "é"})
+        await eventually(
+            lambda: _seq_reached(streams_redis, "job-7", 22), what="job-7 routed up to seq 22"
+        )
+
+        done = await eco_router(env, "state", "--json", "job-7")
+
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(done.stdout)
+        assert shown["state"]["seq"] == 22
+        assert shown["state"]["result"] == {"error": "é"}
+        assert [event["seq"] for event in shown["history"]] == [0, 22]
+        assert shown["state"] == await job_state(streams_redis, "job-7")
+
+    @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+    async def test_an_unknown_job_exits_1(self, env: dict[str, str], as_json: bool) -> None:
+        done = await eco_router(env, "state", *(["--json"] if as_json else []), "nobody")
+
+        assert done.returncode == 1
+        if as_json:
+            assert json.loads(done.stdout) == {"state": None, "history": []}
+        else:
+            assert "no state for scan job 'nobody'" in done.stdout
+
+
+async def _seq_reached(redis: Redis, job_id: str, seq: int) -> bool:
+    state = await job_state(redis, job_id)
+    return state is not None and state["seq"] == seq
+
+
+class TestDemo:
+    async def test_demo_runs_every_job_to_done_or_failed_through_the_router(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+
+        done = await eco_router(env, "demo", "--jobs", "3", "--rate", "300")
+
+        assert done.returncode == 0, done.stderr
+        summary = SUMMARY.search(done.stdout.splitlines()[-1])
+        assert summary is not None, done.stdout
+        finished, total, failed, events, _retries = map(int, summary.groups())
+        assert (finished, total) == (3, 3)
+        entries = await all_entries(streams_redis)
+        assert len(entries) == events  # retries were absorbed by the producer's idempotency
+        jobs = {fields[b"job_id"].decode() for _, fields in entries}
+        assert len(jobs) == 3
+
+        async def final_statuses() -> list[str] | None:
+            states = [await job_state(streams_redis, job) for job in sorted(jobs)]
+            statuses = [s["status"] for s in states if s is not None]
+            return statuses if len(statuses) == 3 and set(statuses) <= {"done", "failed"} else None
+
+        statuses = await eventually(final_statuses, what="every demo job done or failed")
+        assert statuses.count("failed") == failed
+
+    async def test_sigint_stops_the_demo_cleanly(
+        self, env: dict[str, str], streams_redis: Redis
+    ) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *WorkerProcess.command(),
+            *("demo", "--jobs", "1000", "--rate", "5"),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            await eventually(lambda: all_entries(streams_redis), what="the first demo entries")
+            process.send_signal(signal.SIGINT)
+            async with asyncio.timeout(20):
+                out, err = await process.communicate()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        stdout, stderr = out.decode(), err.decode()
+
+        assert process.returncode == 0, stderr
+        assert "Traceback" not in stderr
+        last = stdout.splitlines()[-1]
+        assert last.endswith("(stopped)")
+        summary = SUMMARY.search(last)
+        assert summary is not None, stdout
+        assert int(summary.group(1)) < 1000
+        assert int(summary.group(4)) == len(await all_entries(streams_redis))
+
+
+# Entries no producer would write: the router dead-letters them with these reasons.
+BAD_ENTRIES = {
+    "missing_seq": (
+        SCAN.stream_for("job-noseq"),
+        {b"job_id": b"job-noseq", b"stage": b"vision", b"status": b"started"},
+    ),
+    "not_utf8": (
+        SCAN.stream_for("job-bin"),
+        {b"job_id": b"job-bin", b"seq": b"10", b"stage": b"\xff\xfe vis\xc3", b"note": b"\x00"},
+    ),
+}
+
+
+class DeadLettered:
+    """The bad entries as written: reason → (stream, entry id, fields in order)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[str, str, list[tuple[bytes, bytes]]]] = {}
+
+    def dlq_id_of(self, listing: str, reason: str) -> str:
+        """The dead-letter id `dlq list` shows for the entry dead-lettered for `reason`."""
+        for line in listing.splitlines():
+            parts = line.split()
+            if len(parts) > 1 and parts[1] == reason:
+                return parts[0]
+        raise AssertionError(f"no {reason} line in:\n{listing}")
+
+
+@pytest.fixture
+async def dead_lettered(workers: Workers, streams_redis: Redis) -> DeadLettered:
+    """The bad entries, dead-lettered by a worker that has then stopped."""
+    worker = await workers.start()
+    written = DeadLettered()
+    for reason, (stream, fields) in BAD_ENTRIES.items():
+        entry_id = await add_raw(streams_redis, stream, fields)
+        written.entries[reason] = (stream, entry_id, list(fields.items()))
+    await eventually(
+        lambda: _xlen_is(streams_redis, SCAN.dead_letter_stream, len(BAD_ENTRIES)),
+        what="both entries dead-lettered",
+    )
+    # Stopped, so a replayed entry stays where the replay put it.
+    worker.terminate()
+    assert await worker.wait_exit() == 0
+    return written
+
+
+async def _xlen_is(redis: Redis, stream: str, length: int) -> bool:
+    return bool(await redis.xlen(stream) == length)
+
+
+async def _fields_of(redis: Redis, stream: str, entry_id: str) -> list[tuple[bytes, bytes]]:
+    [(_, fields)] = await redis.xrange(stream, entry_id, entry_id)
+    return list(fields.items())
+
+
+class TestDeadLetters:
+    async def test_dlq_list_shows_each_dead_letter_with_its_origin_and_reason(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        done = await eco_router(env, "dlq", "list")
+
+        assert done.returncode == 0, done.stderr
+        dlq_ids = [i.decode() for i, _ in await streams_redis.xrange(SCAN.dead_letter_stream)]
+        for reason, (stream, entry_id, _) in dead_lettered.entries.items():
+            dlq_id = dead_lettered.dlq_id_of(done.stdout, reason)
+            assert dlq_id in dlq_ids
+            line = next(x for x in done.stdout.splitlines() if x.startswith(dlq_id))
+            assert f"{stream} {entry_id}" in line
+            assert "deliveries=1" in line
+        assert "job_id=job-noseq" in done.stdout
+
+    async def test_dlq_list_says_when_the_dead_letter_stream_is_empty(
+        self, env: dict[str, str]
+    ) -> None:
+        done = await eco_router(env, "dlq", "list")
+
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "scan:events:dlq is empty"
+
+    async def test_replay_of_one_id_puts_the_original_fields_back_and_removes_it(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        listing = (await eco_router(env, "dlq", "list")).stdout
+        dlq_id = dead_lettered.dlq_id_of(listing, "not_utf8")
+        other_id = dead_lettered.dlq_id_of(listing, "missing_seq")
+
+        done = await eco_router(env, "dlq", "replay", dlq_id)
+
+        assert done.returncode == 0, done.stderr
+        stream, _, original = dead_lettered.entries["not_utf8"]
+        match = re.search(rf"^{dlq_id} -> {stream} (\S+)$", done.stdout, re.MULTILINE)
+        assert match is not None, done.stdout
+        assert await _fields_of(streams_redis, stream, match.group(1)) == original
+        assert "replayed 1 dead letters" in done.stdout
+        remaining = [i.decode() for i, _ in await streams_redis.xrange(SCAN.dead_letter_stream)]
+        assert remaining == [other_id]
+
+    async def test_replay_all_puts_every_dead_letter_back_and_empties_the_stream(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        done = await eco_router(env, "dlq", "replay", "--all")
+
+        assert done.returncode == 0, done.stderr
+        assert "replayed 2 dead letters" in done.stdout
+        new_entries = re.findall(r"^\S+ -> (\S+) (\S+)$", done.stdout, re.MULTILINE)
+        replayed = [(s, await _fields_of(streams_redis, s, i)) for s, i in new_entries]
+        originals = [(stream, fields) for stream, _, fields in dead_lettered.entries.values()]
+        assert sorted(replayed) == sorted(originals)
+        assert await streams_redis.xlen(SCAN.dead_letter_stream) == 0
+
+    @pytest.mark.parametrize(
+        "args", [(), ("1-0", "--all")], ids=["neither-ids-nor-all", "both-ids-and-all"]
+    )
+    async def test_replay_needs_ids_or_all(
+        self, env: dict[str, str], args: tuple[str, ...]
+    ) -> None:
+        done = await eco_router(env, "dlq", "replay", *args)
+
+        assert done.returncode == 2
+        assert "give dead-letter ids or --all" in done.stderr
+
+    async def test_replay_of_an_unknown_id_exits_2_and_changes_nothing(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        before = await all_entries(streams_redis)
+
+        done = await eco_router(env, "dlq", "replay", "1-1")
+
+        assert done.returncode == 2
+        assert "no dead letter 1-1 in scan:events:dlq" in done.stderr
+        assert await all_entries(streams_redis) == before
+        assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
