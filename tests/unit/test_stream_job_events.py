@@ -1,0 +1,597 @@
+"""StreamJobEvents on the in-memory adapters: replay, dedup, snapshots, the end, timers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from eco_router.adapters.json_codec import OrjsonEventDecoder
+from eco_router.adapters.memory.clock import ManualClock
+from eco_router.adapters.memory.event_feed import InMemoryEventFeed
+from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
+from eco_router.adapters.memory.state_store import InMemoryStateStore
+from eco_router.application.messages import EncodedEvent, FeedGap
+from eco_router.application.ports import EventFeed, FeedSubscription
+from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
+from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
+from tests.unit.factories import Harness, eventually, make_event
+
+DONE = {"stage": "done", "status": "done"}
+FAILED = {"stage": "scan", "status": "failed"}
+
+
+# --- wiring -------------------------------------------------------------------------------
+
+
+class Gateway:
+    """A harness whose store keeps `history_size` events, and the use case reading from it."""
+
+    def __init__(
+        self,
+        *,
+        history_size: int = 100,
+        queue_size: int = 256,
+        keepalive_s: float = 15.0,
+        max_wait_s: float = 300.0,
+        feed: EventFeed | None = None,
+    ) -> None:
+        self.h = Harness()
+        self.h.store = InMemoryStateStore(
+            clock=self.h.clock, state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+        )
+        self.h.route = self.h.route_for(self.h.source)
+        self.decoder = OrjsonEventDecoder()
+        self.metrics = InMemoryGatewayMetrics()
+        self.feed = feed or InMemoryEventFeed(
+            self.h.broadcaster, decoder=self.decoder, metrics=self.metrics, queue_size=queue_size
+        )
+        self.limits = StreamLimits(
+            keepalive_s=keepalive_s, max_wait_s=max_wait_s, history_size=history_size
+        )
+        self.stream = StreamJobEvents(
+            feed=self.feed,
+            store=self.h.store,
+            decoder=self.decoder,
+            clock=self.h.clock,
+            metrics=self.metrics,
+            limits=self.limits,
+        )
+
+    async def produce(self, job_id: str, *seqs: int, **fields: str) -> None:
+        """Producers append these events and the router routes them (one batch)."""
+        for seq in seqs:
+            self.h.xadd(job_id, seq, **fields)
+        await self.h.route(await self.h.read())
+
+    def connect(self, job_id: str = "job-1", last_event_id: int | None = None) -> Viewer:
+        return Viewer(self.stream("scan", job_id, last_event_id))
+
+    async def connected(self, job_id: str = "job-1", last_event_id: int | None = None) -> Viewer:
+        """A viewer that has had its replay and now waits for live events."""
+        viewer = self.connect(job_id, last_event_id)
+        await eventually(lambda: self.metrics.active == 1)
+        return viewer
+
+
+@pytest.fixture
+async def gw() -> Gateway:
+    gateway = Gateway()
+    await gateway.h.source.prepare()
+    return gateway
+
+
+class Viewer:
+    """Reads a stream in the background, as the HTTP response does."""
+
+    def __init__(self, frames: AsyncIterator[bytes]) -> None:
+        self.frames: list[bytes] = []
+        self._task = asyncio.create_task(self._read(frames))
+
+    async def _read(self, frames: AsyncIterator[bytes]) -> None:
+        async for frame in frames:
+            self.frames.append(frame)
+
+    @property
+    def seen(self) -> list[str]:
+        return describe(self.frames)
+
+    async def ended(self) -> list[str]:
+        """The frames of a stream that must end on its own."""
+        async with asyncio.timeout(5):
+            await self._task
+        return self.seen
+
+    async def has_seen(self, count: int) -> list[str]:
+        await eventually(lambda: len(self.frames) >= count)
+        return self.seen
+
+    async def disconnect(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def describe(frames: list[bytes]) -> list[str]:
+    """Frames as short strings: `3:scan`, `snapshot:5`, `snapshot:null`, `keepalive`, `error:x`."""
+    return [_describe(frame) for frame in frames]
+
+
+def _describe(frame: bytes) -> str:
+    if frame == KEEPALIVE_FRAME:
+        return "keepalive"
+    assert frame.endswith(b"\n\n"), frame
+    lines = frame.decode().removesuffix("\n\n").split("\n")
+    fields = dict(line.split(": ", 1) for line in lines)
+    data = orjson.loads(fields["data"])
+    if "id" in fields:
+        assert data["seq"] == int(fields["id"]), frame
+        return f"{fields['id']}:{fields['event']}"
+    if fields["event"] == "snapshot":
+        if data.get("state", "absent") is None:
+            return "snapshot:null"
+        return f"snapshot:{data['seq']}"
+    return f"{fields['event']}:{data['error']}"
+
+
+# --- a feed on simulated time ---------------------------------------------------------------
+
+
+class ScriptedSubscription(FeedSubscription):
+    """Hands out scripted items at scripted monotonic times; waiting moves the ManualClock."""
+
+    def __init__(self, clock: ManualClock, script: Sequence[tuple[float, GatewayEvent | FeedGap]]):
+        self._clock = clock
+        self._script = deque(sorted(script, key=lambda step: step[0]))
+        self.waits = 0
+        self.closed = False
+
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
+        self.waits += 1
+        if self.waits > 10_000:
+            raise AssertionError("the stream never ended")
+        assert timeout_s > 0, "waiting for nothing would spin"
+        now = self._clock.monotonic()
+        if self._script and self._script[0][0] <= now + timeout_s:
+            at, item = self._script.popleft()
+            self._clock.advance(round(max(0.0, at - now) * 1000))
+            return item
+        self._clock.advance(round(timeout_s * 1000))
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class ScriptedFeed(EventFeed):
+    """One scripted subscription; `on_subscribe` runs once subscribed (events racing the replay)."""
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        script: Sequence[tuple[float, GatewayEvent | FeedGap]] | None = None,
+        on_subscribe: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.subscription = ScriptedSubscription(clock, script or [])
+        self.subscribed: list[tuple[str, str]] = []
+        self.on_subscribe = on_subscribe
+
+    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
+        self.subscribed.append((domain, job_id))
+        if self.on_subscribe is not None:
+            await self.on_subscribe()
+        return self.subscription
+
+
+def gateway_event(**overrides: Any) -> GatewayEvent:
+    """A routed event of job-1 as the feed hands it out (a running `scan` unless overridden)."""
+    values: dict[str, Any] = {"stage": "scan", "status": "running", **overrides}
+    event = OrjsonEventDecoder().decode(orjson.dumps(make_event(**values).as_payload()))
+    assert event is not None
+    return event
+
+
+async def scripted_gateway(
+    script: Sequence[tuple[float, GatewayEvent | FeedGap]] | None = None,
+    *,
+    keepalive_s: float,
+    max_wait_s: float,
+    history_size: int = 100,
+) -> tuple[Gateway, ScriptedFeed]:
+    # The harness's clock is made first, so the feed can share it.
+    gateway = Gateway(keepalive_s=keepalive_s, max_wait_s=max_wait_s, history_size=history_size)
+    feed = ScriptedFeed(gateway.h.clock, script)
+    gateway.stream = StreamJobEvents(
+        feed=feed,
+        store=gateway.h.store,
+        decoder=gateway.decoder,
+        clock=gateway.h.clock,
+        metrics=gateway.metrics,
+        limits=gateway.limits,
+    )
+    await gateway.h.source.prepare()
+    return gateway, feed
+
+
+async def collect(frames: AsyncIterator[bytes]) -> list[str]:
+    """Read a stream that ends without any real waiting (scripted feed)."""
+    return describe([frame async for frame in frames])
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+
+class TestReplay:
+    async def test_a_new_client_gets_the_history_then_live_events(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, 2)
+        viewer = await gw.connected()
+
+        await gw.produce("job-1", 3)
+        await gw.produce("job-1", 4, **DONE)
+
+        assert await viewer.ended() == ["1:scan", "2:scan", "3:scan", "4:done"]
+
+    async def test_a_resuming_client_gets_exactly_the_later_events_in_seq_order(
+        self, gw: Gateway
+    ) -> None:
+        gw.h.xadd("job-1", 5)
+        gw.h.xadd("job-1", 2)
+        gw.h.xadd("job-1", 4)
+        gw.h.xadd("job-1", 1)
+        gw.h.xadd("job-1", 3)
+        await gw.h.route(await gw.h.read())
+        viewer = await gw.connected(last_event_id=2)
+
+        assert viewer.seen == ["3:scan", "4:scan", "5:scan"]
+        await gw.produce("job-1", 6, **DONE)
+        assert await viewer.ended() == ["3:scan", "4:scan", "5:scan", "6:done"]
+        assert gw.metrics.snapshots == 0
+
+    async def test_a_replayed_done_event_ends_the_stream(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, 2)
+        await gw.produce("job-1", 3, **DONE)
+
+        assert await gw.connect(last_event_id=1).ended() == ["2:scan", "3:done"]
+        assert gw.metrics.closed == Counter({"done": 1})
+
+    async def test_a_client_reconnecting_with_the_done_id_gets_nothing_and_the_end(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        await gw.produce("job-1", 3, **DONE)
+
+        assert await gw.connect(last_event_id=3).ended() == []
+        assert gw.metrics.closed == Counter({"done": 1})
+        assert gw.metrics.sent == Counter()
+
+    async def test_a_client_reconnecting_with_the_failure_id_gets_nothing_and_the_end(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1)
+        await gw.produce("job-1", 2, **FAILED)
+
+        assert await gw.connect(last_event_id=2).ended() == []
+        assert gw.metrics.closed == Counter({"error": 1})
+
+    async def test_an_event_routed_while_subscribing_is_replayed_and_sent_once(self) -> None:
+        late = gateway_event(seq=2)
+        gateway, feed = await scripted_gateway(
+            [(1.0, late), (2.0, gateway_event(seq=3, **DONE))], keepalive_s=15, max_wait_s=60
+        )
+        await gateway.produce("job-1", 1)
+
+        async def route_the_late_event() -> None:
+            await gateway.produce("job-1", 2)
+
+        feed.on_subscribe = route_the_late_event
+
+        assert await collect(gateway.stream("scan", "job-1", None)) == [
+            "1:scan",
+            "2:scan",
+            "3:done",
+        ]
+        assert feed.subscribed == [("scan", "job-1")]
+        assert gateway.metrics.sent == Counter({"replay": 2, "live": 1})
+
+
+class TestDedup:
+    async def test_an_event_in_the_history_that_also_arrives_live_is_sent_once(
+        self, gw: Gateway
+    ) -> None:
+        gw.h.broadcaster.available = False
+        gw.h.xadd("job-1", 1)
+        failed_publish = await gw.h.route(await gw.h.read())
+        assert await gw.h.history_seqs("job-1") == [1]
+        viewer = await gw.connected()
+        assert viewer.seen == ["1:scan"]
+
+        gw.h.broadcaster.available = True
+        await gw.h.route(failed_publish.unsettled)  # the redelivery publishes seq 1 late
+        await gw.produce("job-1", 2, **DONE)
+
+        assert await viewer.ended() == ["1:scan", "2:done"]
+        assert gw.h.published_seqs("job-1") == [1, 2]
+        assert gw.metrics.sent == Counter({"replay": 1, "live": 1})
+
+    async def test_a_live_event_at_or_below_the_last_sent_seq_is_not_sent(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1, 2, 3)
+        viewer = await gw.connected(last_event_id=1)
+        assert viewer.seen == ["2:scan", "3:scan"]
+
+        stale = [make_event(seq=seq, stream_id=f"{1_700_000_000_000 + seq}-0") for seq in (1, 3)]
+        await gw.h.broadcaster.publish(
+            [EncodedEvent(event, gw.h.encoder.encode(event)) for event in stale]
+        )
+        await gw.produce("job-1", 4, **DONE)
+
+        assert await viewer.ended() == ["2:scan", "3:scan", "4:done"]
+        assert gw.h.published_seqs("job-1")[-3:] == [1, 3, 4]
+
+    async def test_a_live_event_of_the_same_job_in_another_domain_is_not_sent(
+        self, gw: Gateway
+    ) -> None:
+        viewer = await gw.connected()
+        other = make_event(domain="chat", seq=1)
+        await gw.h.broadcaster.publish([EncodedEvent(other, gw.h.encoder.encode(other))])
+        await gw.produce("job-1", 1, **DONE)
+
+        assert await viewer.ended() == ["snapshot:null", "1:done"]
+
+
+class TestSnapshots:
+    async def test_an_unknown_job_gets_a_null_snapshot_then_live_events(self, gw: Gateway) -> None:
+        viewer = await gw.connected("job-9")
+        assert viewer.seen == ["snapshot:null"]
+        assert viewer.frames[0] == b'event: snapshot\ndata: {"job_id":"job-9","state":null}\n\n'
+
+        await gw.produce("job-9", 1)
+        await gw.produce("job-9", 2, **DONE)
+
+        assert await viewer.ended() == ["snapshot:null", "1:scan", "2:done"]
+        assert gw.metrics.snapshots == 1
+
+    async def test_a_last_event_id_older_than_the_history_gets_a_snapshot_first(self) -> None:
+        gw = Gateway(history_size=3)
+        await gw.h.source.prepare()
+        await gw.produce("job-1", 1, 2, 3, 4, 5, 6)
+        assert await gw.h.history_seqs("job-1") == [4, 5, 6]
+
+        viewer = await gw.connected(last_event_id=1)
+        await gw.produce("job-1", 7, **DONE)
+
+        assert await viewer.ended() == ["snapshot:6", "4:scan", "5:scan", "6:scan", "7:done"]
+        assert gw.metrics.snapshots == 1
+
+    async def test_a_last_event_id_inside_a_full_history_gets_no_snapshot(self) -> None:
+        gw = Gateway(history_size=3)
+        await gw.h.source.prepare()
+        await gw.produce("job-1", 1, 2, 3, 4, 5, 6)
+
+        viewer = await gw.connected(last_event_id=4)
+        await gw.produce("job-1", 7, **DONE)
+
+        assert await viewer.ended() == ["5:scan", "6:scan", "7:done"]
+        assert gw.metrics.snapshots == 0
+
+
+class TestTheEnd:
+    async def test_a_live_done_event_ends_the_stream(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1)
+        viewer = await gw.connected()
+
+        await gw.produce("job-1", 2, **DONE)
+
+        assert await viewer.ended() == ["1:scan", "2:done"]
+        assert gw.metrics.closed == Counter({"done": 1})
+        assert gw.metrics.active == 0
+
+    async def test_a_live_failed_event_is_sent_as_an_error_and_ends_the_stream(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1)
+        viewer = await gw.connected()
+
+        await gw.produce("job-1", 2, **FAILED)
+
+        assert await viewer.ended() == ["1:scan", "2:error"]
+        assert viewer.frames[-1].startswith(b"id: 2\nevent: error\n")
+        assert gw.metrics.closed == Counter({"error": 1})
+
+    async def test_nothing_is_sent_after_the_terminal_event(self) -> None:
+        gateway, feed = await scripted_gateway(
+            [
+                (1.0, gateway_event(seq=1)),
+                (2.0, gateway_event(seq=2, **DONE)),
+                (3.0, gateway_event(seq=3)),
+            ],
+            keepalive_s=15,
+            max_wait_s=60,
+        )
+
+        frames = await collect(gateway.stream("scan", "job-1", None))
+
+        assert frames == ["snapshot:null", "1:scan", "2:done"]
+        assert feed.subscription.closed
+
+    async def test_a_disconnecting_client_closes_its_subscription(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1)
+        viewer = await gw.connected()
+
+        await viewer.disconnect()
+        await gw.produce("job-1", 2, **DONE)
+
+        assert viewer.seen == ["1:scan"]
+        assert gw.metrics.closed == Counter({"disconnect": 1})
+        assert gw.metrics.active == 0
+
+
+class TestTimers:
+    @pytest.mark.parametrize(
+        ("keepalive_s", "max_wait_s"), [(15, 60), (15, 50), (10, 300), (20, 15), (1, 1)]
+    )
+    async def test_an_idle_stream_gets_keepalives_then_a_timeout_error(
+        self, keepalive_s: int, max_wait_s: int
+    ) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=keepalive_s, max_wait_s=max_wait_s)
+        await gateway.produce("job-1", 1)
+
+        frames = await collect(gateway.stream("scan", "job-1", 1))
+
+        keepalives = math.ceil(max_wait_s / keepalive_s) - 1  # one per period before the limit
+        assert frames == ["keepalive"] * keepalives + ["error:timeout"]
+        assert gateway.h.clock.monotonic() == max_wait_s
+        assert feed.subscription.closed
+        assert gateway.metrics.closed == Counter({"timeout": 1})
+
+    async def test_the_timeout_error_frame_is_exact(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=100, max_wait_s=30)
+
+        frames = [frame async for frame in gateway.stream("scan", "job-1", None)]
+
+        assert frames[-1] == b'event: error\ndata: {"error":"timeout"}\n\n'
+
+    async def test_a_sent_event_puts_off_the_next_keepalive(self) -> None:
+        gateway, _ = await scripted_gateway(
+            [(15.0, gateway_event(seq=2))], keepalive_s=10, max_wait_s=40
+        )
+        await gateway.produce("job-1", 1)
+
+        clock = gateway.h.clock
+        frames = [
+            (clock.monotonic(), _describe(frame))
+            async for frame in gateway.stream("scan", "job-1", 1)
+        ]
+
+        assert frames == [
+            (10, "keepalive"),
+            (15, "2:scan"),
+            (25, "keepalive"),
+            (35, "keepalive"),
+            (40, "error:timeout"),
+        ]
+
+    async def test_the_wait_limit_counts_from_the_connection_not_the_last_event(self) -> None:
+        events = [(float(t), gateway_event(seq=t)) for t in range(5, 60, 5)]
+        gateway, _ = await scripted_gateway(events, keepalive_s=100, max_wait_s=32)
+
+        frames = await collect(gateway.stream("scan", "job-1", None))
+
+        sent_in_time = [f"{t}:scan" for t in range(5, 32, 5)]
+        assert frames == ["snapshot:null", *sent_in_time, "error:timeout"]
+        assert gateway.h.clock.monotonic() == 32
+
+
+class TestSlowClients:
+    async def test_an_overflow_leads_to_a_snapshot_then_the_missing_events_then_done(
+        self,
+    ) -> None:
+        gw = Gateway(queue_size=2)
+        await gw.h.source.prepare()
+        await gw.produce("job-1", 1)
+        viewer = await gw.connected()
+        assert viewer.seen == ["1:scan"]
+
+        # One batch: all five reach the viewer's queue before the viewer reads any.
+        for seq in (2, 3, 4, 5):
+            gw.h.xadd("job-1", seq)
+        gw.h.xadd("job-1", 6, **DONE)
+        await gw.h.route(await gw.h.read())
+
+        assert await viewer.ended() == [
+            "1:scan",
+            "snapshot:6",
+            "2:scan",
+            "3:scan",
+            "4:scan",
+            "5:scan",
+            "6:done",
+        ]
+        assert gw.metrics.dropped == 4
+        assert gw.metrics.snapshots == 1
+        assert gw.metrics.sent == Counter({"replay": 6})
+        assert gw.metrics.closed == Counter({"done": 1})
+
+    async def test_a_feed_gap_leads_to_a_snapshot_and_the_history_after_the_last_sent(
+        self,
+    ) -> None:
+        gateway, _ = await scripted_gateway(
+            [(1.0, FeedGap("reconnect")), (2.0, gateway_event(seq=4, **DONE))],
+            keepalive_s=15,
+            max_wait_s=60,
+        )
+        await gateway.produce("job-1", 1, 2)
+
+        async def collect_while_routing() -> list[str]:
+            frames = []
+            async for frame in gateway.stream("scan", "job-1", None):
+                frames.append(frame)
+                if len(frames) == 2:  # lost while the feed was down
+                    await gateway.produce("job-1", 3)
+                    await gateway.produce("job-1", 4, **DONE)
+            return describe(frames)
+
+        assert await collect_while_routing() == [
+            "1:scan",
+            "2:scan",
+            "snapshot:4",
+            "3:scan",
+            "4:done",
+        ]
+        assert gateway.metrics.snapshots == 1
+        assert gateway.metrics.sent == Counter({"replay": 4})
+
+
+class TestMetrics:
+    async def test_sent_events_are_counted_as_replayed_or_live(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, 2, 3)
+        viewer = await gw.connected(last_event_id=1)
+
+        await gw.produce("job-1", 4)
+        await gw.produce("job-1", 5, **DONE)
+        await viewer.ended()
+
+        assert gw.metrics.sent == Counter({"replay": 2, "live": 2})
+
+    async def test_live_latency_is_measured_from_the_entry_id(self, gw: Gateway) -> None:
+        viewer = await gw.connected()
+        gw.h.xadd("job-1", 1, **DONE)
+        gw.h.clock.advance(40)
+        await gw.h.route(await gw.h.read())
+
+        await viewer.ended()
+
+        assert gw.metrics.latencies_ms == [40.0]
+
+    async def test_connections_are_counted_open_and_closed_with_their_reason(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=10, max_wait_s=10)
+        await gateway.produce("job-1", 1)
+        await gateway.produce("job-2", 1, **DONE)
+        await gateway.produce("job-3", 1, **FAILED)
+
+        await collect(gateway.stream("scan", "job-1", None))
+        await collect(gateway.stream("scan", "job-2", None))
+        await collect(gateway.stream("scan", "job-3", None))
+
+        assert gateway.metrics.closed == Counter({"timeout": 1, "done": 1, "error": 1})
+        assert gateway.metrics.active == 0
+
+    async def test_an_open_stream_is_counted_active_until_it_ends(self, gw: Gateway) -> None:
+        first = await gw.connected("job-1")
+        second = gw.connect("job-2")
+        await eventually(lambda: gw.metrics.active == 2)
+
+        await first.disconnect()
+        assert gw.metrics.active == 1
+        await gw.produce("job-2", 1, **DONE)
+        await second.ended()
+
+        assert gw.metrics.active == 0
+        assert gw.metrics.closed == Counter({"disconnect": 1, "done": 1})

@@ -1,0 +1,155 @@
+"""ViewerQueue: one viewer's bounded live queue, dropping for slow clients but never the end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from eco_router.adapters.feed_queue import ViewerQueue
+from eco_router.application.messages import FeedGap
+from eco_router.domain.sse import GatewayEvent
+
+
+def running(seq: int) -> GatewayEvent:
+    return GatewayEvent(seq=seq, stage="scan", status="running", data=b'{"seq":%d}' % seq)
+
+
+def done(seq: int) -> GatewayEvent:
+    return GatewayEvent(seq=seq, stage="done", status="done", data=b'{"seq":%d}' % seq)
+
+
+class DropCounter:
+    """Records what the queue reports through `on_drop`."""
+
+    def __init__(self) -> None:
+        self.reports: list[int] = []
+
+    def __call__(self, count: int) -> None:
+        self.reports.append(count)
+
+    @property
+    def total(self) -> int:
+        return sum(self.reports)
+
+
+async def drain(queue: ViewerQueue) -> list[GatewayEvent | FeedGap]:
+    """Everything the queue holds now, in the order a viewer reads it."""
+    items: list[GatewayEvent | FeedGap] = []
+    while (item := await queue.get(0)) is not None:
+        items.append(item)
+    return items
+
+
+class TestWithinCapacity:
+    async def test_events_come_out_in_the_order_they_were_put(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=3, on_drop=drops)
+        for seq in (1, 2, 3):
+            queue.put(running(seq))
+
+        assert await drain(queue) == [running(1), running(2), running(3)]
+        assert drops.reports == []
+
+    async def test_an_empty_queue_gives_none_when_the_wait_ends(self) -> None:
+        queue = ViewerQueue(maxsize=3)
+
+        assert await queue.get(0) is None
+
+    async def test_a_waiting_viewer_gets_an_event_put_while_it_waits(self) -> None:
+        queue = ViewerQueue(maxsize=3)
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+
+        queue.put(running(1))
+
+        async with asyncio.timeout(5):
+            assert await waiting == running(1)
+
+
+class TestOverflow:
+    async def test_a_full_queue_drops_the_queued_events_and_reports_a_gap_first(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=2, on_drop=drops)
+        for seq in (1, 2, 3):
+            queue.put(running(seq))
+
+        assert await drain(queue) == [FeedGap("slow_client"), running(3)]
+        assert drops.total == 2
+
+    async def test_every_overflow_is_reported_but_one_gap_covers_them(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=2, on_drop=drops)
+        for seq in range(1, 8):
+            queue.put(running(seq))
+
+        items = await drain(queue)
+
+        assert items[0] == FeedGap("slow_client")
+        assert items.count(FeedGap("slow_client")) == 1
+        kept = [item for item in items if isinstance(item, GatewayEvent)]
+        assert kept == [running(7)]
+        assert drops.total == 7 - len(kept)
+        assert drops.reports == [2, 2, 2]
+
+    async def test_the_terminal_event_is_kept_when_the_queue_overflows(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=2, on_drop=drops)
+        for seq in (1, 2):
+            queue.put(running(seq))
+        queue.put(done(3))
+
+        assert await drain(queue) == [FeedGap("slow_client"), done(3)]
+        assert drops.total == 2
+
+    async def test_a_queued_terminal_event_survives_a_later_overflow(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=2, on_drop=drops)
+        queue.put(running(1))
+        queue.put(done(2))
+        queue.put(running(3))
+
+        assert await drain(queue) == [FeedGap("slow_client"), done(2), running(3)]
+        assert drops.total == 1
+
+    async def test_a_queue_full_of_terminal_events_drops_the_new_intermediate_one(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=1, on_drop=drops)
+        queue.put(done(1))
+        queue.put(running(2))
+
+        assert await drain(queue) == [FeedGap("slow_client"), done(1)]
+        assert drops.total == 1
+
+    async def test_an_overflow_without_a_drop_callback_still_reports_the_gap(self) -> None:
+        queue = ViewerQueue(maxsize=1)
+        queue.put(running(1))
+        queue.put(running(2))
+
+        assert await drain(queue) == [FeedGap("slow_client"), running(2)]
+
+    async def test_a_waiting_viewer_is_woken_by_the_gap(self) -> None:
+        queue = ViewerQueue(maxsize=3)
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+
+        queue.mark_gap("reconnect")
+
+        async with asyncio.timeout(5):
+            assert await waiting == FeedGap("reconnect")
+
+
+class TestMarkedGaps:
+    async def test_a_marked_gap_is_read_before_the_queued_events_and_only_once(self) -> None:
+        queue = ViewerQueue(maxsize=5)
+        queue.put(running(1))
+        queue.mark_gap("reconnect")
+        queue.put(running(2))
+
+        assert await drain(queue) == [FeedGap("reconnect"), running(1), running(2)]
+
+    async def test_a_marked_gap_on_an_empty_queue_is_read_without_waiting(self) -> None:
+        queue = ViewerQueue(maxsize=5)
+        queue.mark_gap("reconnect")
+
+        assert await queue.get(0) == FeedGap("reconnect")
+        assert await queue.get(0) is None
