@@ -103,8 +103,10 @@ class StreamJobEvents:
                     reason = cursor.ended
                     return
         finally:
-            await subscription.close()
+            # Counted first: a disconnected client's task is cancelled, which can cut the
+            # await below short.
             self._metrics.connection_closed(reason)
+            await subscription.close()
 
     async def _catch_up(
         self, domain: str, job_id: str, cursor: _Cursor, *, force_snapshot: bool

@@ -35,7 +35,9 @@ class _Viewer(FeedSubscription):
         return await self.queue.get(timeout_s)
 
     async def close(self) -> None:
-        await self.feed.leave(self)
+        # Closed from a disconnected client's task while it is being cancelled: leaving (and
+        # unsubscribing after the last viewer) must finish all the same.
+        await asyncio.shield(self.feed.leave(self))
 
 
 class RedisPubSubEventFeed(EventFeed):
@@ -64,7 +66,6 @@ class RedisPubSubEventFeed(EventFeed):
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._has_channels = asyncio.Event()
-        self._reconnected = False
         self._reader: asyncio.Task[None] | None = None
 
     @property
@@ -128,7 +129,6 @@ class RedisPubSubEventFeed(EventFeed):
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:
                     log.warning("Pub/Sub connection lost, reconnecting: %s", error)
-                self._reconnected = True
                 await asyncio.sleep(backoff.next_delay())
                 continue
             if message is not None:
@@ -141,7 +141,9 @@ class RedisPubSubEventFeed(EventFeed):
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():
                 confirmed.set_result(None)
-            elif self._reconnected:
+            else:
+                # Confirmed again: redis-py re-subscribed on a new connection (even when it
+                # reconnected without raising), so messages may have been lost in between.
                 for viewer in self._viewers.get(channel, ()):
                     viewer.queue.mark_gap("pubsub_reconnect")
             return
