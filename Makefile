@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv redis-server test lint run worker bench fmt clean
+.PHONY: venv redis-server chromium test lint run worker bench bench-sse fmt clean
 
 venv: $(STAMP)
 
@@ -26,7 +26,16 @@ redis-server:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; \
 	fi
 
-test: venv redis-server lint
+# The browser tests drive Debian's chromium through Playwright; they never download a browser.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then \
+		echo "chromium: /usr/bin/chromium"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	fi
+
+test: venv redis-server chromium lint
 	$(BIN)/pytest -q
 
 lint: venv
@@ -43,6 +52,9 @@ worker: venv
 
 bench: venv redis-server
 	$(BIN)/python -m bench.router_bench
+
+bench-sse: venv redis-server
+	$(BIN)/python -m bench.sse_bench
 
 # Fixes first, so the formatter has the last word on layout.
 fmt: venv

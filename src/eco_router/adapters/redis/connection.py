@@ -6,17 +6,28 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 log = logging.getLogger(__name__)
 
 
+# redis-py's default pool (capped at 100 in current releases) raises MaxConnectionsError past
+# its cap: a burst of SSE clients, each reading its job's view, saw their streams end at once.
+MAX_CONNECTIONS = 100
+
+
 def redis_client(url: str, *, socket_timeout_s: float, client_name: str) -> Redis:
-    """A client for `url` (redis://, rediss://, with user and password) that fails fast."""
-    return Redis.from_url(
+    """A client for `url` (redis://, rediss://, with user and password) that fails fast.
+
+    Beyond `MAX_CONNECTIONS` concurrent commands, callers wait (up to the socket timeout)
+    for a pooled connection instead of failing.
+    """
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=socket_timeout_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=2.0,
         socket_keepalive=True,
@@ -26,6 +37,7 @@ def redis_client(url: str, *, socket_timeout_s: float, client_name: str) -> Redi
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
         client_name=client_name,
     )
+    return Redis.from_pool(pool)
 
 
 @asynccontextmanager

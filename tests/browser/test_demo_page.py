@@ -1,0 +1,277 @@
+"""The demo page in a real browser: a job's stages arrive live, resume without duplicates, fail.
+
+`eco-router serve --in-memory --demo` runs as a subprocess; Debian's chromium (never a
+downloaded browser) is driven headless through Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The demo publishes 5 events/s: a whole job takes about 2 s, a dropped connection 1 s more.
+JOB_TIMEOUT_MS = 20_000
+SERVER_READY_TIMEOUT_S = 20.0
+
+# Seqs of the default plan (vision, rule, answer, reward): queued 0, stage n started n·10,
+# completed n·10+1, failed n·10+2, done 51.
+COMPLETE_JOB = [0, 10, 11, 20, 21, 30, 31, 40, 41, 51]
+# `Start a job that fails` fails the third stage (answer) once it has started.
+FAILED_JOB = [0, 10, 11, 20, 21, 30, 32]
+
+# Runs before the page's own script: records every event frame each EventSource receives
+# (before the page drops repeated seqs) and every URL one is opened on.
+RECORD_EVENT_SOURCES = """
+window.__connections = [];
+window.__frames = [];
+const NativeEventSource = window.EventSource;
+window.EventSource = class extends NativeEventSource {
+  constructor(url, options) {
+    super(url, options);
+    window.__connections.push(String(url));
+  }
+  addEventListener(type, listener, options) {
+    const recording = (message) => {
+      if (message.data !== undefined && message.data !== null) {
+        window.__frames.push({ type: message.type, id: message.lastEventId });
+      }
+      return listener.call(this, message);
+    };
+    super.addEventListener(type, recording, options);
+  }
+};
+"""
+
+
+# --- the server and the browser ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _serve_command() -> list[str]:
+    script = Path(sys.executable).with_name("eco-router")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "eco_router.entrypoints.cli"]
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return f"--- {path} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_for_health(process: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(
+                f"eco-router serve exited with {process.returncode}\n{_log_tail(log)}"
+            )
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{base_url}/health did not answer within {SERVER_READY_TIMEOUT_S} s\n"
+                + _log_tail(log)
+            )
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`eco-router serve --in-memory --demo` on a free loopback port; yields its base URL."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
+    command = [
+        *_serve_command(),
+        "serve",
+        "--in-memory",
+        "--demo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_health(process, base_url, log)
+        yield base_url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's headless chromium; a missing binary fails the tests rather than skipping them."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"{CHROMIUM} not found: install Debian's chromium package "
+            "(`make chromium` or `apt-get install -y chromium`); the browser tests never "
+            "download a browser",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, demo_server: str) -> Iterator[Page]:
+    """The demo page, freshly loaded in its own browser context."""
+    context = browser.new_context(base_url=demo_server)
+    context.set_default_timeout(JOB_TIMEOUT_MS)
+    context.add_init_script(RECORD_EVENT_SOURCES)
+    opened = context.new_page()
+    opened.goto("/")
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+# --- reading the page -------------------------------------------------------------------------
+
+
+def shown_seqs(page: Page) -> list[int]:
+    """The data-seq of every stage list item, top to bottom (the order they arrived in)."""
+    seqs: list[str] = page.locator("#stages li").evaluate_all(
+        "items => items.map(item => item.dataset.seq)"
+    )
+    return [int(seq) for seq in seqs]
+
+
+def received_frames(page: Page) -> list[dict[str, Any]]:
+    """Every event frame the page's EventSources received, before the page filtered any."""
+    frames: list[dict[str, Any]] = page.evaluate("window.__frames")
+    return frames
+
+
+def connections(page: Page) -> list[str]:
+    urls: list[str] = page.evaluate("window.__connections")
+    return urls
+
+
+def drop_after_second_event(page: Page) -> None:
+    """Click "Drop the connection" as soon as two events are listed (checked every frame)."""
+    page.wait_for_function("document.querySelectorAll('#stages li').length >= 2", polling="raf")
+    page.get_by_role("button", name="Drop the connection").click()
+
+
+def until_finished(page: Page, state: str) -> None:
+    expect(page.locator("#state")).to_have_text(state, timeout=JOB_TIMEOUT_MS)
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+class TestWatchingADemoJob:
+    def test_every_stage_event_appears_in_seq_order(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+
+        until_finished(page, "done")
+        assert shown_seqs(page) == COMPLETE_JOB
+
+    def test_the_result_appears_and_the_progress_bar_reaches_100(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+
+        until_finished(page, "done")
+        expect(page.locator("#progress")).to_have_attribute("aria-valuenow", "100")
+        expect(page.locator("#result")).to_be_visible()
+        expect(page.locator("#result")).to_contain_text('"label"')
+        expect(page.locator("#stages li").last).to_contain_text("done")
+
+    def test_the_progress_bar_rises_before_the_job_is_done(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+
+        # Checked every frame while the job runs: the bar follows the events, not just the end.
+        first = page.wait_for_function(
+            """() => {
+              const value = document.querySelector("#progress").getAttribute("aria-valuenow");
+              return value !== "0" ? value : null;
+            }""",
+            polling="raf",
+        ).json_value()
+        assert 0 < int(first) < 100
+        until_finished(page, "done")
+
+
+class TestDroppingTheConnection:
+    def test_resuming_shows_every_event_once(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+        drop_after_second_event(page)
+
+        until_finished(page, "done")
+        shown = shown_seqs(page)
+        assert len(shown) == len(set(shown)), f"a seq is shown twice: {shown}"
+        assert shown == COMPLETE_JOB
+
+    def test_the_gateway_resumes_after_the_last_seq_without_resending(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+        drop_after_second_event(page)
+
+        until_finished(page, "done")
+        urls = connections(page)
+        assert len(urls) == 2, urls
+        assert "last_event_id=" in urls[1]
+        resumed_after = int(urls[1].rpartition("last_event_id=")[2])
+        assert resumed_after in COMPLETE_JOB[1:]
+        # The page drops repeated seqs itself; the frames it received must not need that.
+        seqs = [int(frame["id"]) for frame in received_frames(page) if frame["type"] != "snapshot"]
+        assert seqs == COMPLETE_JOB
+
+
+class TestAJobThatFails:
+    def test_the_failed_stage_and_the_failed_state_are_shown(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a job that fails").click()
+
+        until_finished(page, "failed")
+        assert shown_seqs(page) == FAILED_JOB
+        failed = page.locator("#stages li").last
+        expect(failed.locator(".stage")).to_have_text("answer")
+        expect(failed.locator(".status")).to_have_text("failed")
+        expect(failed.locator(".status")).to_have_class("status status-failed")
+        expect(page.locator("#result")).to_contain_text("answer timed out")
