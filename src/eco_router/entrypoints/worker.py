@@ -10,6 +10,7 @@ from collections.abc import Generator
 import uvicorn
 
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.runner import RouterRunner
 
@@ -51,6 +52,7 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.01)
         if not server.started:
             raise RuntimeError(f"cannot serve HTTP on {settings.http_host}:{settings.http_port}")
+        settle_garbage_collector()
         log.info(
             "worker %s ready; health and metrics on http://%s:%s",
             settings.consumer_name,

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from eco_router import __version__
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import ops_routes, sse_routes
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
@@ -43,6 +44,7 @@ def create_app(container: Container, *, run_router: bool = True, demo: bool = Fa
             )
         async with RouterRunner(container) as runner:
             app.state.runner = runner
+            settle_garbage_collector()
             try:
                 yield
             finally:

@@ -1,0 +1,22 @@
+"""Garbage-collector settings for a long-running server process."""
+
+from __future__ import annotations
+
+import gc
+
+# Young collections every 5,000 allocations instead of 700: each is cheap, but with a thousand
+# streams open the default rate promotes objects into full collections far more often.
+GEN0_THRESHOLD = 5_000
+
+
+def settle_garbage_collector() -> None:
+    """Call once start-up is done: modules, the app and the container are never garbage.
+
+    Frozen, they are left out of every later collection. With 1,000 SSE clients a full
+    collection over them paused the event loop for ~150 ms every 10-12 s (the p99 of event
+    delivery); frozen and with rarer young collections, the p99 stays at a few milliseconds.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
