@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
-import pytest
 from redis.asyncio import Redis
 
-from eco_router.testing import RedisServer
 from tests.integration.support import (
     SCAN,
     PubSubCollector,
     WorkerProcess,
-    Workers,
     add_raw,
     dead_letters,
     eventually,
@@ -41,26 +35,6 @@ BAD_ENTRIES: dict[str, dict[bytes, bytes]] = {
     "field_too_large": entry(seq=b"5", stage=b"x" * ONE_MEGABYTE),
     "not_utf8": entry(seq=b"6", stage=b"\xff\xfe scan\xc3"),
 }
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
-) -> Iterator[Workers]:
-    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
-    yield launcher
-    launcher.kill_all()
-
-
-@pytest.fixture
-async def subscriber(pubsub_server: RedisServer) -> AsyncIterator[PubSubCollector]:
-    async with PubSubCollector(pubsub_server.url) as collector:
-        yield collector
-
-
-@pytest.fixture
-async def worker(workers: Workers) -> WorkerProcess:
-    return await workers.start()
 
 
 class TestBadEntries:

@@ -7,8 +7,6 @@ import json
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -32,15 +30,6 @@ SUMMARY = re.compile(r"jobs (\d+)/(\d+) \((\d+) failed\) · events (\d+) \(\+(\d
 def env(streams_server: RedisServer, pubsub_server: RedisServer) -> dict[str, str]:
     """The environment an operator's shell would have: the servers and the stream families."""
     return worker_env(streams_server.url, pubsub_server.url)
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
-) -> Iterator[Workers]:
-    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
-    yield launcher
-    launcher.kill_all()
 
 
 async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -245,21 +244,6 @@ class TestBadInputWritesNothing:
             await publish(*args, **kwargs)
 
         assert await streams_redis.dbsize() == 0
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
-) -> Iterator[Workers]:
-    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
-    yield launcher
-    launcher.kill_all()
-
-
-@pytest.fixture
-async def subscriber(pubsub_server: RedisServer) -> AsyncIterator[PubSubCollector]:
-    async with PubSubCollector(pubsub_server.url) as collector:
-        yield collector
 
 
 PIPELINE = [

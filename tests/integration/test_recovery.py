@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -31,21 +30,6 @@ QUICK_RECLAIM = {
     "EVENT_ROUTER_RECLAIM_MIN_IDLE_MS": "200",
     "EVENT_ROUTER_RECLAIM_INTERVAL_S": "0.5",
 }
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
-) -> Iterator[Workers]:
-    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
-    yield launcher
-    launcher.kill_all()
-
-
-@pytest.fixture
-async def subscriber(pubsub_server: RedisServer) -> AsyncIterator[PubSubCollector]:
-    async with PubSubCollector(pubsub_server.url) as collector:
-        yield collector
 
 
 def consumer(redis: Redis, name: str) -> RedisStreamEventSource:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import orjson
-import pytest
 from redis.asyncio import Redis
 
 from eco_router.testing import RedisServer
@@ -16,33 +13,12 @@ from tests.integration.support import (
     SCAN,
     PubSubCollector,
     WorkerProcess,
-    Workers,
     add_event,
     eventually,
     job_state,
     pending_count,
     worker_env,
 )
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
-) -> Iterator[Workers]:
-    launcher = Workers(tmp_path, streams_url=streams_server.url, pubsub_url=pubsub_server.url)
-    yield launcher
-    launcher.kill_all()
-
-
-@pytest.fixture
-async def subscriber(pubsub_server: RedisServer) -> AsyncIterator[PubSubCollector]:
-    async with PubSubCollector(pubsub_server.url) as collector:
-        yield collector
-
-
-@pytest.fixture
-async def worker(workers: Workers) -> WorkerProcess:
-    return await workers.start()
 
 
 class TestRoutingByTheWorker:
