@@ -35,7 +35,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import orjson
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.reporting import ms, percentile, step, write_json
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.testing import RedisServer
 
@@ -725,15 +726,15 @@ def measure_latency(
         received=len(latencies),
         missing_at_deadline=missing,
         wait_after_producer_s=wait_after_s,
-        p50_ms=_percentile(ranked, 50),
-        p90_ms=_percentile(ranked, 90),
-        p99_ms=_percentile(ranked, 99),
-        max_ms=_percentile(ranked, 100),
+        p50_ms=percentile(ranked, 50),
+        p90_ms=percentile(ranked, 90),
+        p99_ms=percentile(ranked, 99),
+        max_ms=percentile(ranked, 100),
         drained_after_producer_s=(
             None if drained_after is None else round(drained_after - produced_at, 3)
         ),
-        arrived_p50_ms=_percentile(latencies, 50),
-        arrived_p99_ms=_percentile(latencies, 99),
+        arrived_p50_ms=percentile(latencies, 50),
+        arrived_p99_ms=percentile(latencies, 99),
     )
 
 
@@ -748,14 +749,6 @@ def _drained_within(client: redis.Redis, *, deadline: float) -> float | None:
 
 def _slug(name: str) -> str:
     return name.lower().replace("=", "")
-
-
-def _percentile(ranked: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile of sorted values; None (not measured) when there are none."""
-    if not ranked:
-        return None
-    value = ranked[max(0, math.ceil(p / 100 * len(ranked)) - 1)]
-    return None if math.isinf(value) else round(value, 2)
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -923,10 +916,6 @@ def _ratios(batched: Throughput, other: Throughput, name: str) -> dict[str, floa
     }
 
 
-def step(title: str, detail: str) -> None:
-    print(f"-- {title}: {detail}", flush=True)
-
-
 def print_report(report: Report) -> None:
     columns = [("batched", report.batched_throughput, report.batched_latency)]
     if report.naive_throughput is not None and report.naive_latency is not None:
@@ -976,11 +965,11 @@ def print_report(report: Report) -> None:
     row("  wait after producer (s)", *(f"{lat.wait_after_producer_s:g}" for _, _, lat in columns))
     row("  received / sent", *(f"{lat.received:,} / {lat.sent:,}" for _, _, lat in columns))
     row("  undelivered at deadline", *(f"{lat.missing_at_deadline:,}" for _, _, lat in columns))
-    row("  p50 / p90 (ms)", *(f"{_ms(lat.p50_ms)} / {_ms(lat.p90_ms)}" for _, _, lat in columns))
-    row("  p99 / max (ms)", *(f"{_ms(lat.p99_ms)} / {_ms(lat.max_ms)}" for _, _, lat in columns))
+    row("  p50 / p90 (ms)", *(f"{ms(lat.p50_ms)} / {ms(lat.p90_ms)}" for _, _, lat in columns))
+    row("  p99 / max (ms)", *(f"{ms(lat.p99_ms)} / {ms(lat.max_ms)}" for _, _, lat in columns))
     row(
         "  arrived only p50 / p99 (ms)",
-        *(f"{_ms(lat.arrived_p50_ms)} / {_ms(lat.arrived_p99_ms)}" for _, _, lat in columns),
+        *(f"{ms(lat.arrived_p50_ms)} / {ms(lat.arrived_p99_ms)}" for _, _, lat in columns),
     )
     row(
         "  drained after producer (s)",
@@ -1038,17 +1027,6 @@ def _verdicts(verdicts: dict[str, int]) -> str:
 
 def _num(value: float | None, digits: int, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:.{digits}f}"
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
-
-
-def write_json(report: Report, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = asdict(report)
-    payload["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -38,12 +37,13 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench.reporting import ms, percentile, step, write_json
 from eco_router.producer import connect_async, producer_config
 from eco_router.testing import RedisServer
 
@@ -562,14 +562,6 @@ async def measure(gateway: Gateway, streams_url: str, args: argparse.Namespace) 
     )
 
 
-def percentile(ranked: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile of sorted values; None (not measured) when there are none."""
-    if not ranked:
-        return None
-    value = ranked[max(0, math.ceil(p / 100 * len(ranked)) - 1)]
-    return None if math.isinf(value) else round(value, 2)
-
-
 def run(args: argparse.Namespace) -> Report:
     fd_limit, _ = raise_fd_limit(args.connections + FD_HEADROOM)
     streams, pubsub = RedisServer(), RedisServer()
@@ -596,10 +588,6 @@ def run(args: argparse.Namespace) -> Report:
     return report
 
 
-def step(title: str, detail: str) -> None:
-    print(f"-- {title}: {detail}", flush=True)
-
-
 def print_report(report: Report) -> None:
     def row(label: str, value: str) -> None:
         print(f"{label:<40}{value}")
@@ -622,8 +610,8 @@ def print_report(report: Report) -> None:
     row("  out of order or repeated", f"{report.out_of_order:,}")
     if report.problems:
         row("  problems", ", ".join(f"{k} x{v}" for k, v in report.problems.items()))
-    row("latency p50 / p90 (ms)", f"{_ms(report.p50_ms)} / {_ms(report.p90_ms)}")
-    row("latency p99 / max (ms)", f"{_ms(report.p99_ms)} / {_ms(report.max_ms)}")
+    row("latency p50 / p90 (ms)", f"{ms(report.p50_ms)} / {ms(report.p90_ms)}")
+    row("latency p99 / max (ms)", f"{ms(report.p99_ms)} / {ms(report.max_ms)}")
     row(
         "gateway RSS before / connected (MiB)",
         f"{report.rss_before_kib / 1024:.1f} / {report.rss_connected_kib / 1024:.1f} "
@@ -642,17 +630,6 @@ def print_report(report: Report) -> None:
     dropped = report.gateway_metrics.get("event_router_gateway_events_dropped_total")
     if dropped:
         row("gateway: events dropped (slow client)", f"{dropped:,.0f}")
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
-
-
-def write_json(report: Report, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = asdict(report)
-    payload["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
