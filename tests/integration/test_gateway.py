@@ -817,3 +817,27 @@ class TestDemoJobs:
             response = await http.post("/api/v1/demo/jobs")
 
         assert response.status_code == 404
+
+    async def test_with_a_secret_the_demo_hands_the_page_a_cookie_for_its_job_only(
+        self,
+        gateways: Gateways,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+    ) -> None:
+        secured = gateways.start(
+            streams_url=streams_server.url,
+            pubsub_url=pubsub_server.url,
+            demo=True,
+            EVENT_ROUTER_JWT_SECRET=SECRET,
+        )
+        async with sse_client(secured.base_url) as http:
+            response = await http.post("/api/v1/demo/jobs")
+            assert response.status_code == 201, response.text
+            created = response.json()
+            claims = jwt.decode(http.cookies["eco_router_token"], SECRET, algorithms=["HS256"])
+            events = without_snapshots(await read_events(http, created["events"], timeout_s=20))
+            other = await http.get(events_path("someone-elses-job"))
+
+        assert claims["jobs"] == [created["job_id"]]
+        assert events[-1].event == "done"
+        assert other.status_code == 403

@@ -6,8 +6,9 @@ from importlib import resources
 
 from dependency_injector.wiring import Provide, inject
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
+from eco_router.adapters.jwt_authorizer import JwtAuthorizer
 from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
@@ -16,6 +17,7 @@ from eco_router.entrypoints.http.sse_responses import job_event_stream
 from eco_router.entrypoints.settings import Settings
 
 router = APIRouter()
+DEMO_TOKEN_TTL_S = 3600
 
 Stream = Depends(Provide[Container.stream_job_events])
 Auth = Depends(Provide[Container.authorizer])
@@ -71,13 +73,21 @@ async def legacy_job_events(
 @inject
 async def start_demo_job(
     request: Request,
+    response: Response,
     fail: bool = False,
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
+    authorizer: Authorizer = Auth,
     settings: Settings = Config,
 ) -> dict[str, str]:
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
     job_id = await start(fail=fail)
+    if isinstance(authorizer, JwtAuthorizer):
+        # The page's EventSource sends cookies, not headers: give it a token for this job.
+        token = authorizer.issue([job_id], ttl_s=DEMO_TOKEN_TTL_S)
+        response.set_cookie(
+            settings.jwt_cookie, token, max_age=DEMO_TOKEN_TTL_S, httponly=True, samesite="strict"
+        )
     domain = settings.domains[0]
     return {"job_id": job_id, "domain": domain, "events": f"/api/v1/{domain}/{job_id}/events"}
 
