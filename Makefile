@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv redis-server chromium test lint run worker bench bench-sse fmt clean
+.PHONY: venv redis-server chromium test lint run worker bench bench-sse soak \
+	reliability-report fmt clean
 
 venv: $(STAMP)
 
@@ -55,6 +56,16 @@ bench: venv redis-server
 
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench
+
+# Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
+soak: venv redis-server
+	$(BIN)/python -m bench.soak $(if $(MINUTES),--minutes $(MINUTES))
+
+# Results of an earlier run are removed first, so the report describes this run only.
+reliability-report: venv redis-server
+	rm -rf tests/faults/results
+	$(BIN)/pytest -q tests/faults
+	$(BIN)/python -m tests.faults.report
 
 # Fixes first, so the formatter has the last word on layout.
 fmt: venv

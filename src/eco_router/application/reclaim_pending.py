@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from eco_router.application.ports import Clock, EventSource, RouterMetrics
+from eco_router.application.ports import Broadcaster, Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -19,6 +19,8 @@ class ReclaimPending:
     - Each shard is followed cursor page by cursor page until the cursor wraps to `0-0`.
     - Claimed entries go through the ordinary routing, so over-delivered ones are
       dead-lettered and entries deleted before their ack are acked and counted.
+    - Nothing is claimed while the broadcaster does not answer: a claim counts as a delivery,
+      and claims that cannot be published would push good entries over `max_deliveries`.
     """
 
     def __init__(
@@ -30,8 +32,10 @@ class ReclaimPending:
         clock: Clock,
         min_idle_ms: int,
         page_size: int,
+        broadcaster: Broadcaster | None = None,
     ) -> None:
         self._source = source
+        self._broadcaster = broadcaster
         self._route = route
         self._metrics = metrics
         self._clock = clock
@@ -39,6 +43,8 @@ class ReclaimPending:
         self._page_size = page_size
 
     async def __call__(self) -> int:
+        if self._broadcaster is not None:
+            await self._broadcaster.ping()
         counts = await asyncio.gather(*(self._family(f) for f in self._source.families))
         return sum(counts)
 

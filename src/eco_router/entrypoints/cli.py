@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import uvicorn
 from redis.exceptions import RedisError
@@ -24,6 +25,10 @@ from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
 from eco_router.entrypoints.worker import serve
 
 log = logging.getLogger("eco_router")
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What `uvicorn.run` exits with when the server cannot start (e.g. the port is taken).
+_STARTUP_FAILURE = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,14 +194,34 @@ def _serve(settings: Settings, *, host: str, port: int, in_memory: bool, demo: b
     app = create_app(build_container(settings, in_memory=in_memory), demo=demo)
     log.info("open http://%s:%d/ in a browser", host, port)
     # Open SSE streams would hold a graceful shutdown forever: give them a few seconds.
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=3,
     )
-    return 0
+    server = _GatewayServer(config)
+    server.run()
+    return 0 if server.started else _STARTUP_FAILURE
+
+
+class _GatewayServer(uvicorn.Server):
+    """uvicorn that ends with exit status 0 after a graceful shutdown on SIGTERM or SIGINT.
+
+    uvicorn's own handlers re-raise the signal once it has shut down, so the process would die
+    of it (status 143 for SIGTERM) after draining; the worker exits 0, and so should this.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
 
 def _log_start(command: str, settings: Settings) -> None:

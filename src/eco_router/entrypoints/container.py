@@ -108,6 +108,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         min_idle_ms=settings.provided.reclaim_min_idle_ms,
         page_size=settings.provided.read_count,
+        broadcaster=broadcaster,
     )
     observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
     router = providers.Singleton(
