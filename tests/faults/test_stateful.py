@@ -6,8 +6,9 @@ one state store, one broadcaster and the dead-letter stream. Each step is one of
 adds an event (new, a retry of one already added, a late older seq, or a malformed entry); a
 consumer reads and routes a batch (or routes again the batch a failed publish left it, as
 `ConsumeLoop` does); a consumer reads a batch and crashes without acking; a replacement consumer
-joins; the clock moves and a live consumer reclaims idle entries; the Pub/Sub server goes down
-or comes back.
+joins; the clock moves and a live consumer reclaims idle entries (the reclaimer claims nothing
+while Pub/Sub does not answer its ping; the server may also go down between that ping and the
+publish); the Pub/Sub server goes down or comes back.
 
 Checked after every step:
 - the state store applies each job's seqs in increasing order;
@@ -55,7 +56,7 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import PendingEntry
-from eco_router.application.errors import PublishFailed
+from eco_router.application.errors import PublishFailed, TransientError
 from eco_router.application.messages import Delivery, EncodedEvent
 from eco_router.application.route_batch import RouteBatch
 from tests.unit.factories import CHANNEL_PREFIX, GROUP, Harness, make_fields
@@ -105,11 +106,22 @@ JobSeq = tuple[str, int]
 
 
 class RecordingBroadcaster(InMemoryBroadcaster):
-    """An in-memory broadcaster that also remembers every publish it refused while down."""
+    """An in-memory broadcaster that remembers every publish it refused while down.
+
+    With `down_after_ping` set, it answers the next ping and goes down right after it, as a
+    server can between the reclaimer's check and its publish.
+    """
 
     def __init__(self, *, channel_prefix: str) -> None:
         super().__init__(channel_prefix=channel_prefix)
         self.refused: list[JobSeq] = []
+        self.down_after_ping = False
+
+    async def ping(self) -> None:
+        await super().ping()
+        if self.down_after_ping:
+            self.down_after_ping = False
+            self.available = False
 
     async def publish(self, events: Sequence[EncodedEvent]) -> None:
         if not self.available:
@@ -142,6 +154,7 @@ class Totals:
     republishes: int = 0
     crashes: int = 0
     reclaimed: int = 0
+    reclaims_refused: int = 0
     dropped_by_gateway_filter: int = 0
 
 
@@ -173,6 +186,7 @@ class RoutingMachine(RuleBasedStateMachine):
         self.malformed: set[EntryKey] = set()
         self.crashes = 0
         self.reclaimed = 0
+        self.reclaims_refused = 0
         self.checked_sent = 0
 
     # --- rules: producers ---
@@ -220,10 +234,14 @@ class RoutingMachine(RuleBasedStateMachine):
         """A new router process joins the group (a replacement pod)."""
         self.add_consumer()
 
-    @rule(data=st.data(), ms=st.integers(1_000, 45_000))
-    def advance_clock_and_reclaim(self, data: st.DataObject, ms: int) -> None:
+    @rule(data=st.data(), ms=st.integers(1_000, 45_000), outage_mid_pass=st.booleans())
+    def advance_clock_and_reclaim(
+        self, data: st.DataObject, ms: int, outage_mid_pass: bool
+    ) -> None:
         self.h.clock.advance(ms)
+        self.broadcaster.down_after_ping = outage_mid_pass
         self.reclaim(data.draw(st.sampled_from(self.live), label="reclaiming consumer"))
+        self.broadcaster.down_after_ping = False
 
     @rule()
     def toggle_pubsub(self) -> None:
@@ -350,6 +368,7 @@ class RoutingMachine(RuleBasedStateMachine):
         t.republishes += len(sent) - len({(i.job_id, i.seq) for i in sent})
         t.crashes += self.crashes
         t.reclaimed += self.reclaimed
+        t.reclaims_refused += self.reclaims_refused
         t.dropped_by_gateway_filter += dropped
 
         assert lost == 0, f"{lost} seqs that reached a job's state were never published"
@@ -389,8 +408,12 @@ class RoutingMachine(RuleBasedStateMachine):
         self.live.append(name)
 
     def reclaim(self, name: str) -> None:
+        """One reclaim pass; refused while Pub/Sub is down, as the router's loop then retries."""
         source = self.consumers[name].source
-        self.reclaimed += self.run(self.h.reclaimer(source, min_idle_ms=MIN_IDLE_MS)())
+        try:
+            self.reclaimed += self.run(self.h.reclaimer(source, min_idle_ms=MIN_IDLE_MS)())
+        except TransientError:
+            self.reclaims_refused += 1
 
     def sent(self) -> list[Published]:
         found = []
@@ -508,6 +531,7 @@ def write_result(totals: Totals, *, passed: bool) -> None:
             "republishes": observed["republishes"],
             "crashes": observed["crashes"],
             "reclaimed_entries": observed["reclaimed"],
+            "reclaim_passes_refused_while_pubsub_down": observed["reclaims_refused"],
             "older_seqs_dropped_by_gateway_filter": observed["dropped_by_gateway_filter"],
         },
         "sent": totals.sent,

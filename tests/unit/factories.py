@@ -118,6 +118,7 @@ class Harness:
     ) -> ReclaimPending:
         return ReclaimPending(
             source=source,
+            broadcaster=self.broadcaster,
             route=self.route_for(source),
             metrics=self.metrics,
             clock=self.clock,

@@ -6,8 +6,10 @@ from collections import Counter
 
 import pytest
 
+from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
-from tests.unit.factories import Harness
+from eco_router.application.errors import TransientError
+from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness
 
 MIN_IDLE_MS = 30_000
 
@@ -28,6 +30,25 @@ def b(h: Harness) -> InMemoryEventSource:
 async def crash_after_reading(h: Harness) -> list[str]:
     """Consumer A reads every new entry and dies before routing or acking any."""
     return [d.entry_id for d in await h.read()]
+
+
+async def crash_after_claiming(b: InMemoryEventSource) -> None:
+    """Consumer B claims every idle entry of job-1's shard and dies before routing any."""
+    await b.claim_idle(FAMILY.stream_for("job-1"), cursor="0-0", min_idle_ms=MIN_IDLE_MS, count=100)
+
+
+class DownAfterPing(InMemoryBroadcaster):
+    """A Pub/Sub server that answers the first ping, then goes down before the publish."""
+
+    def __init__(self, *, channel_prefix: str) -> None:
+        super().__init__(channel_prefix=channel_prefix)
+        self.pinged = False
+
+    async def ping(self) -> None:
+        await super().ping()
+        if not self.pinged:
+            self.pinged = True
+            self.available = False
 
 
 class TestTakingOver:
@@ -146,16 +167,13 @@ class TestEntriesThatCannotBeRouted:
     ) -> None:
         entry_id = h.xadd("job-1", 1)
         await crash_after_reading(h)  # delivery 1
-        reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
-        h.broadcaster.available = False  # every reclaim fails to publish, the entry stays pending
         for delivery in range(2, h.max_deliveries + 1):
             h.clock.advance(MIN_IDLE_MS)
-            await reclaim()
+            await crash_after_claiming(b)
             assert h.pending()[entry_id].count == delivery
-        h.broadcaster.available = True
         h.clock.advance(MIN_IDLE_MS)
 
-        await reclaim()
+        await h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)()
 
         [letter] = h.dead_lettered()
         assert letter[b"id"] == entry_id.encode()
@@ -170,7 +188,7 @@ class TestEntriesThatCannotBeRouted:
         entry_id = h.xadd("job-1", 1)
         await crash_after_reading(h)
         h.clock.advance(MIN_IDLE_MS)
-        h.broadcaster.available = False
+        h.broadcaster = DownAfterPing(channel_prefix=CHANNEL_PREFIX)
         reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
         await reclaim()
         assert h.pending()[entry_id].consumer == "b"
@@ -181,4 +199,44 @@ class TestEntriesThatCannotBeRouted:
 
         assert h.published_seqs("job-1") == [1]
         assert await h.history_seqs("job-1") == [1]
+        assert h.pending() == {}
+
+
+class TestWhilePubSubIsDown:
+    async def test_nothing_is_claimed_and_no_delivery_is_counted(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        entry_id = h.xadd("job-1", 1)
+        await crash_after_reading(h)
+        h.broadcaster.available = False
+        reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
+
+        for _ in range(h.max_deliveries + 2):
+            h.clock.advance(MIN_IDLE_MS)
+            with pytest.raises(TransientError):
+                await reclaim()
+
+        assert h.pending()[entry_id].consumer == "a"
+        assert h.pending()[entry_id].count == 1
+        assert h.metrics.reclaimed_entries == Counter()
+
+    async def test_the_first_pass_after_it_returns_routes_what_waited(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        h.xadd("job-1", 1)
+        h.xadd("job-1", 2)
+        await crash_after_reading(h)
+        h.broadcaster.available = False
+        reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
+        for _ in range(h.max_deliveries + 2):
+            h.clock.advance(MIN_IDLE_MS)
+            with pytest.raises(TransientError):
+                await reclaim()
+        h.broadcaster.available = True
+
+        claimed = await reclaim()
+
+        assert claimed == 2
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.dead_lettered() == []
         assert h.pending() == {}

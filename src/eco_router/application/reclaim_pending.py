@@ -19,20 +19,21 @@ class ReclaimPending:
     - Each shard is followed cursor page by cursor page until the cursor wraps to `0-0`.
     - Claimed entries go through the ordinary routing, so over-delivered ones are
       dead-lettered and entries deleted before their ack are acked and counted.
-    - Nothing is claimed while the broadcaster does not answer: a claim counts as a delivery,
-      and claims that cannot be published would push good entries over `max_deliveries`.
+    - Nothing is claimed while the broadcaster does not answer (the pass raises its
+      `TransientError`): a claim counts as a delivery, and claims that cannot be published
+      would push good entries over `max_deliveries` into the dead-letter stream.
     """
 
     def __init__(
         self,
         *,
         source: EventSource,
+        broadcaster: Broadcaster,
         route: RouteBatch,
         metrics: RouterMetrics,
         clock: Clock,
         min_idle_ms: int,
         page_size: int,
-        broadcaster: Broadcaster | None = None,
     ) -> None:
         self._source = source
         self._broadcaster = broadcaster
@@ -43,8 +44,7 @@ class ReclaimPending:
         self._page_size = page_size
 
     async def __call__(self) -> int:
-        if self._broadcaster is not None:
-            await self._broadcaster.ping()
+        await self._broadcaster.ping()
         counts = await asyncio.gather(*(self._family(f) for f in self._source.families))
         return sum(counts)
 

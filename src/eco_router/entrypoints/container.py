@@ -103,12 +103,12 @@ class Container(containers.DeclarativeContainer):
     reclaim_pending = providers.Singleton(
         ReclaimPending,
         source=event_source,
+        broadcaster=broadcaster,
         route=route_batch,
         metrics=metrics,
         clock=clock,
         min_idle_ms=settings.provided.reclaim_min_idle_ms,
         page_size=settings.provided.read_count,
-        broadcaster=broadcaster,
     )
     observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
     router = providers.Singleton(
