@@ -1,14 +1,21 @@
-"""What both benchmarks share: progress lines, percentiles and the JSON result file."""
+"""What the benchmarks share: progress lines, percentiles, the environment, the JSON result file."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
+
+RESULTS_DIR = Path(__file__).parent / "results"
 
 
 def step(title: str, detail: str) -> None:
@@ -33,3 +40,29 @@ def write_json(report: Any, path: Path) -> None:
     payload = asdict(report)
     payload["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def environment() -> dict[str, Any]:
+    """The machine and interpreter the figures were taken on."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def run_benchmark(
+    run: Callable[[argparse.Namespace], R],
+    print_report: Callable[[R], None],
+    args: argparse.Namespace,
+) -> int:
+    """Run a benchmark, print its table, write its JSON to `args.output`; the exit code, 0.
+
+    The figures are the outcome: a benchmark that ran to its end has no verdict to fail on.
+    """
+    started = time.monotonic()
+    report = run(args)
+    print_report(report)
+    write_json(report, args.output)
+    print(f"wrote {args.output} ({time.monotonic() - started:.0f} s in all)")
+    return 0

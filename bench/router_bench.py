@@ -20,21 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
-import multiprocessing.connection
 import os
 import platform
 import random
 import select
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,15 +37,18 @@ import orjson
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.reporting import ms, percentile, step, write_json
+from bench.pacing import Pacer
+from bench.producer_process import ProducerProcess
+from bench.redis_servers import redis_servers
+from bench.reporting import RESULTS_DIR, ms, percentile, run_benchmark, step
+from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.testing import RedisServer
 
 FAMILY = StreamFamily("scan:events", 4)
 GROUP = "eventrouter"
 CHANNEL_PATTERN = "sse:events:*"
-RESULTS_PATH = Path(__file__).parent / "results" / "router.json"
-REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PATH = RESULTS_DIR / "router.json"
 
 BATCHED_READ_COUNT = 100
 DUPLICATE_SHARE = 0.05
@@ -61,8 +57,6 @@ FILL_PIPELINE = 1_000
 POLL_INTERVAL_S = 0.01
 DRAIN_TIMEOUT_S = 120.0
 WORKER_READY_TIMEOUT_S = 30.0
-WORKER_STOP_TIMEOUT_S = 20.0
-PRODUCER_TICK_S = 0.005
 # The commands the apply scripts call; commandstats counts them inside EVALSHA's time too.
 SCRIPT_COMMANDS = frozenset({"hmget", "hset", "rpush", "set", "ltrim", "expire"})
 STAGES = ("fetch", "resolve", "scan", "analyze", "report")
@@ -200,72 +194,13 @@ READ_COUNT_1 = RouterKind("READ_COUNT=1", 1)
 NAIVE = RouterKind("naive", None)
 
 
-class RouterProcess:
-    """A router subprocess with its CPU time; `figures` (verdicts, reads) are set by stop()."""
-
-    def __init__(self, command: list[str], *, env: dict[str, str], name: str) -> None:
-        self.name = name
-        self.figures: dict[str, float] = {}
-        self._log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            cwd=REPOSITORY_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(
-                f"{self.name} exited with {self.process.returncode}\n{self.log_tail()}"
-            )
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the router so far, from /proc."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = stat.rpartition(")")[2].split()
-        # After the command name: state is field 3, utime 14 and stime 15 (1-based).
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        """SIGTERM (finish what is in flight and exit), SIGKILL if it takes too long."""
-        if self.process.poll() is None:
-            self._before_stop()
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(WORKER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        if self.process.returncode not in (0, -signal.SIGKILL):
-            print(f"warning: {self.name} exited with {self.process.returncode}\n{self.log_tail()}")
-        self._after_stop()
-        Path(self._log.name).unlink(missing_ok=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        self._log.flush()
-        text = Path(self._log.name).read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _before_stop(self) -> None:
-        """Hook: collect what is only available while the router runs."""
-
-    def _after_stop(self) -> None:
-        """Hook: collect what the router reports on exit."""
-
-
 class Worker(RouterProcess):
     """`eco-router worker`; its figures come from its /metrics page just before it stops."""
 
     def __init__(self, streams_url: str, pubsub_url: str, *, read_count: int, name: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
-        env.update(
-            REDIS_STREAMS_URL=streams_url,
-            REDIS_PUBSUB_URL=pubsub_url,
+        env = eco_router_env(
+            streams_url,
+            pubsub_url,
             EVENT_ROUTER_STREAMS=f"{FAMILY.prefix}={FAMILY.shards}",
             EVENT_ROUTER_CONSUMER_GROUP=GROUP,
             EVENT_ROUTER_CONSUMER_NAME=name,
@@ -274,23 +209,16 @@ class Worker(RouterProcess):
             EVENT_ROUTER_HTTP_PORT="0",
             EVENT_ROUTER_LOG_LEVEL="WARNING",
         )
-        script = Path(sys.executable).with_name("eco-router")
-        command = (
-            [str(script), "worker"]
-            if script.exists()
-            else [sys.executable, "-m", "eco_router.entrypoints.cli", "worker"]
-        )
-        super().__init__(command, env=env, name=name)
+        super().__init__(eco_router_command("worker"), env=env, name=name)
+
+    def http_url(self) -> str | None:
+        port = self._http_port()
+        return None if port is None else f"http://127.0.0.1:{port}"
 
     def metrics(self) -> dict[str, float]:
         """Verdict counts and batch sizes from the worker's /metrics, or {} if unreachable."""
-        port = self._http_port()
-        if port is None:
-            return {}
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-                text = reply.read().decode()
-        except OSError:
+        text = self.http_get("/metrics", timeout=5)
+        if text is None:
             return {}
         figures: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
@@ -363,17 +291,6 @@ class NaiveRouter(RouterProcess):
             sum(counts.get(v, 0) for v in ("new", "duplicate", "stale", "invalid"))
         )
         self.figures["batch_size_count"] = float(counts.get("reads", 0) - counts.get("empty", 0))
-
-
-@contextmanager
-def running_router(
-    kind: RouterKind, streams_url: str, pubsub_url: str, *, name: str
-) -> Iterator[RouterProcess]:
-    router = kind.spawn(streams_url, pubsub_url, name=name)
-    try:
-        yield router
-    finally:
-        router.stop()
 
 
 # --------------------------------------------------------------------------- Redis probes
@@ -490,7 +407,7 @@ def measure_throughput(
         cpu_before = redis_cpu_seconds(client)
         pubsub_cpu_before = redis_cpu_seconds(pubsub_client)
         name = f"bench-drain-{_slug(kind.name)}"
-        with running_router(kind, streams.url, pubsub.url, name=name) as router:
+        with kind.spawn(streams.url, pubsub.url, name=name) as router:
             first_read_at, worker_cpu_at_first, drained_at = _watch_drain(client, router, events)
             worker_cpu = router.cpu_seconds() - worker_cpu_at_first
             cpu_after = redis_cpu_seconds(client)
@@ -555,46 +472,37 @@ def _watch_drain(
 # --------------------------------------------------------------------------- latency
 
 
-def produce_paced(
-    url: str, rate: int, seconds: float, jobs: int, report: multiprocessing.connection.Connection
-) -> None:
-    """Child process: XADD `rate` events/s for `seconds`, a small pipeline every tick.
-
-    Pacing catches up on the schedule (start + n / rate), so a slow tick does not lower the rate.
-    """
+def produce_paced(url: str, rate: int, seconds: float, jobs: int) -> tuple[int, float]:
+    """Producer process: XADD `rate` events/s for `seconds`, a small pipeline every tick."""
     client = redis.Redis.from_url(url)
     job_ids = [f"live-{i:05d}" for i in range(jobs)]
     streams = [stream_of(job_id) for job_id in job_ids]
     seqs = [0] * jobs
-    total = int(rate * seconds)
-    sent = 0
-    started = time.monotonic()
-    next_tick = started
-    while sent < total:
-        due = min(total, int((time.monotonic() - started) * rate) + 1)
-        if due > sent:
-            pipe = client.pipeline(transaction=False)
-            ts = str(int(time.time() * 1000))
-            for n in range(sent, due):
-                job = n % jobs
-                seqs[job] += 1
-                pipe.xadd(
-                    streams[job],
-                    {
-                        "job_id": job_ids[job],
-                        "seq": seqs[job],
-                        "stage": "scan",
-                        "status": "running",
-                        "progress": seqs[job] % 100,
-                        "ts": ts,
-                    },
-                )
-            pipe.execute()
-            sent = due
-        next_tick += PRODUCER_TICK_S
-        time.sleep(max(0.0, next_tick - time.monotonic()))
-    report.send((sent, time.monotonic() - started))
-    client.close()
+    pacer = Pacer(rate, seconds)
+    try:
+        while not pacer.finished:
+            if batch := pacer.due():
+                pipe = client.pipeline(transaction=False)
+                ts = str(int(time.time() * 1000))
+                for n in batch:
+                    job = n % jobs
+                    seqs[job] += 1
+                    pipe.xadd(
+                        streams[job],
+                        {
+                            "job_id": job_ids[job],
+                            "seq": seqs[job],
+                            "stage": "scan",
+                            "status": "running",
+                            "progress": seqs[job] % 100,
+                            "ts": ts,
+                        },
+                    )
+                pipe.execute()
+            time.sleep(pacer.pause_s())
+        return pacer.sent, pacer.elapsed_s()
+    finally:
+        client.close()
 
 
 class Subscriber:
@@ -681,25 +589,16 @@ def measure_latency(
     client = redis.Redis.from_url(streams.url)
     name = f"bench-live-{_slug(kind.name)}"
     try:
-        with running_router(kind, streams.url, pubsub.url, name=name) as router:
+        with kind.spawn(streams.url, pubsub.url, name=name) as router:
             wait_for_groups(client, router)
             subscriber = Subscriber(pubsub.port)
             try:
-                context = multiprocessing.get_context("spawn")
-                parent_end, child_end = context.Pipe(duplex=False)
-                producer = context.Process(
-                    target=produce_paced,
-                    args=(streams.url, rate, seconds, jobs, child_end),
-                    name="bench-producer",
-                )
-                producer.start()
-                give_up = time.monotonic() + 2 * seconds + 30
-                while not parent_end.poll(0):
-                    if time.monotonic() > give_up or not producer.is_alive():
-                        raise RuntimeError("the producer process did not report")
-                    subscriber.poll(0.05)
-                sent, produce_s = parent_end.recv()
-                producer.join(10)
+                with ProducerProcess(
+                    produce_paced, streams.url, rate, seconds, jobs, name="bench-producer"
+                ) as producer:
+                    sent, produce_s = producer.figures(
+                        2 * seconds + 30, meanwhile=lambda: subscriber.poll(0.05)
+                    )
                 # The wait for stragglers starts when the producer ended, however late it ran.
                 produced_at = time.monotonic()
                 subscriber.receive_until(sent, produced_at + wait_after_s)
@@ -815,8 +714,7 @@ def run(args: argparse.Namespace) -> Report:
         "repeats": args.repeats,
         "seed": args.seed,
     }
-    streams, pubsub = RedisServer(), RedisServer()
-    try:
+    with redis_servers() as (streams, pubsub):
 
         def fresh() -> None:
             # A fresh process per phase: empty keyspace, no state keys from the last phase.
@@ -855,7 +753,6 @@ def run(args: argparse.Namespace) -> Report:
                 wait_after_s=wait_after_s,
             )
 
-        fresh()
         with redis.Redis.from_url(streams.url) as probe:
             environment["redis_server"] = probe.info("server")["redis_version"]
 
@@ -885,9 +782,6 @@ def run(args: argparse.Namespace) -> Report:
             report.read_count_1_latency = latency(READ_COUNT_1, *baseline_latency)
             report.ratios |= _ratios(batched, rc1, "read_count_1")
         return report
-    finally:
-        streams.cleanup()
-        pubsub.cleanup()
 
 
 def _median_run(runs: Sequence[Throughput]) -> Throughput:
@@ -916,6 +810,38 @@ def _ratios(batched: Throughput, other: Throughput, name: str) -> dict[str, floa
     }
 
 
+# The table's rows, one column per router: a label and how a column's figure reads.
+THROUGHPUT_ROWS: tuple[tuple[str, Callable[[Throughput], str]], ...] = (
+    ("one XREADGROUP reads", lambda t: t.reads),
+    ("backlog events / jobs", lambda t: f"{t.events:,} / {t.jobs:,}"),
+    ("  of which retries / late", lambda t: f"{t.duplicates_added} / {t.late_added}"),
+    ("verdicts new/dup/stale/inv", lambda t: _verdicts(t.verdicts)),
+    ("mean batch size (entries)", lambda t: _num(t.mean_batch_size, 1)),
+    ("drain time (s)", lambda t: f"{t.drain_s:.2f}"),
+    ("  wall from router spawn (s)", lambda t: f"{t.wall_from_spawn_s:.2f}"),
+    ("throughput (events/s)", lambda t: f"{t.events_per_s:,.0f}"),
+    ("  min - max over runs", lambda t: _span(t.runs_events_per_s, "{:,.0f}")),
+    ("streams redis CPU (us/event)", lambda t: f"{t.redis_cpu_us_per_event:.1f}"),
+    ("  min - max over runs", lambda t: _span(t.runs_redis_cpu_us_per_event, "{:.1f}")),
+    ("pubsub redis CPU (us/event)", lambda t: f"{t.pubsub_cpu_us_per_event:.1f}"),
+    ("router CPU (us/event)", lambda t: f"{t.worker_cpu_us_per_event:.1f}"),
+)
+LATENCY_ROWS: tuple[tuple[str, Callable[[Latency], str]], ...] = (
+    ("latency: target rate (ev/s)", lambda lat: f"{lat.target_rate:,}"),
+    ("  achieved rate x seconds", lambda lat: f"{lat.achieved_rate:,.0f} x {lat.seconds:.1f}"),
+    ("  wait after producer (s)", lambda lat: f"{lat.wait_after_producer_s:g}"),
+    ("  received / sent", lambda lat: f"{lat.received:,} / {lat.sent:,}"),
+    ("  undelivered at deadline", lambda lat: f"{lat.missing_at_deadline:,}"),
+    ("  p50 / p90 (ms)", lambda lat: f"{ms(lat.p50_ms)} / {ms(lat.p90_ms)}"),
+    ("  p99 / max (ms)", lambda lat: f"{ms(lat.p99_ms)} / {ms(lat.max_ms)}"),
+    (
+        "  arrived only p50 / p99 (ms)",
+        lambda lat: f"{ms(lat.arrived_p50_ms)} / {ms(lat.arrived_p99_ms)}",
+    ),
+    ("  drained after producer (s)", lambda lat: _num(lat.drained_after_producer_s, 2, "no")),
+)
+
+
 def print_report(report: Report) -> None:
     columns = [("batched", report.batched_throughput, report.batched_latency)]
     if report.naive_throughput is not None and report.naive_latency is not None:
@@ -935,46 +861,10 @@ def print_report(report: Report) -> None:
         f"redis-server {env['redis_server']}, {FAMILY.shards} shards"
     )
     row("", *(name for name, _, _ in columns))
-    row("one XREADGROUP reads", *(t.reads for _, t, _ in columns))
-    row("backlog events / jobs", *(f"{t.events:,} / {t.jobs:,}" for _, t, _ in columns))
-    row(
-        "  of which retries / late",
-        *(f"{t.duplicates_added} / {t.late_added}" for _, t, _ in columns),
-    )
-    row("verdicts new/dup/stale/inv", *(_verdicts(t.verdicts) for _, t, _ in columns))
-    row("mean batch size (entries)", *(_num(t.mean_batch_size, 1) for _, t, _ in columns))
-    row("drain time (s)", *(f"{t.drain_s:.2f}" for _, t, _ in columns))
-    row("  wall from router spawn (s)", *(f"{t.wall_from_spawn_s:.2f}" for _, t, _ in columns))
-    row("throughput (events/s)", *(f"{t.events_per_s:,.0f}" for _, t, _ in columns))
-    row(
-        "  min - max over runs",
-        *(_span(t.runs_events_per_s, "{:,.0f}") for _, t, _ in columns),
-    )
-    row("streams redis CPU (us/event)", *(f"{t.redis_cpu_us_per_event:.1f}" for _, t, _ in columns))
-    row(
-        "  min - max over runs",
-        *(_span(t.runs_redis_cpu_us_per_event, "{:.1f}") for _, t, _ in columns),
-    )
-    row("pubsub redis CPU (us/event)", *(f"{t.pubsub_cpu_us_per_event:.1f}" for _, t, _ in columns))
-    row("router CPU (us/event)", *(f"{t.worker_cpu_us_per_event:.1f}" for _, t, _ in columns))
-    row("latency: target rate (ev/s)", *(f"{lat.target_rate:,}" for _, _, lat in columns))
-    row(
-        "  achieved rate x seconds",
-        *(f"{lat.achieved_rate:,.0f} x {lat.seconds:.1f}" for _, _, lat in columns),
-    )
-    row("  wait after producer (s)", *(f"{lat.wait_after_producer_s:g}" for _, _, lat in columns))
-    row("  received / sent", *(f"{lat.received:,} / {lat.sent:,}" for _, _, lat in columns))
-    row("  undelivered at deadline", *(f"{lat.missing_at_deadline:,}" for _, _, lat in columns))
-    row("  p50 / p90 (ms)", *(f"{ms(lat.p50_ms)} / {ms(lat.p90_ms)}" for _, _, lat in columns))
-    row("  p99 / max (ms)", *(f"{ms(lat.p99_ms)} / {ms(lat.max_ms)}" for _, _, lat in columns))
-    row(
-        "  arrived only p50 / p99 (ms)",
-        *(f"{ms(lat.arrived_p50_ms)} / {ms(lat.arrived_p99_ms)}" for _, _, lat in columns),
-    )
-    row(
-        "  drained after producer (s)",
-        *(_num(lat.drained_after_producer_s, 2, "no") for _, _, lat in columns),
-    )
+    for label, throughput_cell in THROUGHPUT_ROWS:
+        row(label, *(throughput_cell(t) for _, t, _ in columns))
+    for label, latency_cell in LATENCY_ROWS:
+        row(label, *(latency_cell(lat) for _, _, lat in columns))
     print("streams redis server time per event by command (INFO commandstats, us):")
     for name, t, _ in columns:
         print(f"  {name}: {_command_breakdown(t.redis_usec_per_event_by_command)}")
@@ -1077,13 +967,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
-    report = run(args)
-    print_report(report)
-    write_json(report, args.output)
-    print(f"wrote {args.output} ({time.monotonic() - started:.0f} s in all)")
-    return 0
+    return run_benchmark(run, print_report, parse_args(argv))
 
 
 if __name__ == "__main__":

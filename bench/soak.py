@@ -34,13 +34,9 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing
-import multiprocessing.connection
 import multiprocessing.sharedctypes
-import os
-import platform
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,54 +45,30 @@ from typing import Any
 
 import httpx
 
-from bench.reporting import step, write_json
+from bench.pacing import Pacer
+from bench.producer_process import ProducerProcess
+from bench.redis_servers import redis_servers
+from bench.reporting import RESULTS_DIR, environment, step, write_json
 from bench.router_bench import Worker
-from bench.sse_bench import FD_HEADROOM, Gateway, raise_fd_limit
+from bench.sse_bench import (
+    DOMAIN,
+    FD_HEADROOM,
+    PRODUCER_MAX_IN_FLIGHT,
+    SHARDS,
+    Gateway,
+    raise_fd_limit,
+)
 from eco_router.producer import connect_async, producer_config
-from eco_router.testing import RedisServer
 
-DOMAIN = "scan"
-SHARDS = 4
-RESULTS_PATH = Path(__file__).parent / "results" / "soak.json"
+RESULTS_PATH = RESULTS_DIR / "soak.json"
 
 GROWTH_LIMIT = 0.10
 WINDOW_MINUTES = 5
-READY_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.05
-PRODUCER_TICK_S = 0.005
-PRODUCER_MAX_IN_FLIGHT = 100
 # Beyond the gateway's 15 s keepalive: a silent stream this long is broken.
 CLIENT_READ_TIMEOUT_S = 60.0
 CLIENT_RETRY_S = 0.5
 CLIENT_STOP_TIMEOUT_S = 10.0
-
-
-def rss_kib(pid: int) -> int:
-    """VmRSS of a process, in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
-
-
-class SoakWorker(Worker):
-    """`eco-router worker`, ready once its own /ready answers 200."""
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            self.check_alive()
-            port = self._http_port()
-            if port is not None:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except OSError:
-                    pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker not ready in {READY_TIMEOUT_S}s\n{self.log_tail()}")
-            time.sleep(POLL_INTERVAL_S)
 
 
 # --------------------------------------------------------------------------- the producer process
@@ -107,7 +79,7 @@ def job_id(run_id: str, number: int) -> str:
     return f"soak-{run_id}-{number:08d}"
 
 
-def produce(
+async def produce(
     url: str,
     run_id: str,
     *,
@@ -116,21 +88,8 @@ def produce(
     rate: int,
     seconds: float,
     sent: multiprocessing.sharedctypes.Synchronized[int],
-    report: multiprocessing.connection.Connection,
-) -> None:
-    """Child process: `rate` events/s for `seconds` over `jobs` jobs running at once."""
-    report.send(asyncio.run(_produce(url, run_id, jobs, events_per_job, rate, seconds, sent)))
-
-
-async def _produce(
-    url: str,
-    run_id: str,
-    jobs: int,
-    events_per_job: int,
-    rate: int,
-    seconds: float,
-    sent: multiprocessing.sharedctypes.Synchronized[int],
 ) -> tuple[int, int, float]:
+    """Producer process: `rate` events/s for `seconds` over `jobs` jobs running at once."""
     publisher = connect_async(url, producer_config(domain=DOMAIN, shards=SHARDS))
     # Slot i runs job numbers[i], whose next event is seqs[i]; a finished job makes way for
     # the next number, so jobs start in number order.
@@ -155,19 +114,13 @@ async def _produce(
             job, "done", "done", seq=seq, progress=100, result={"soak": True}
         )
 
-    total = int(rate * seconds)
-    count = 0
-    started = time.monotonic()
-    next_tick = started
-    while count < total:
-        due = min(total, int((time.monotonic() - started) * rate) + 1, count + in_flight)
-        if due > count:
-            await asyncio.gather(*(publish(n % jobs) for n in range(count, due)))
-            count = due
-            sent.value = count
-        next_tick += PRODUCER_TICK_S
-        await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
-    return count, started_jobs, time.monotonic() - started
+    pacer = Pacer(rate, seconds, max_batch=in_flight)
+    while not pacer.finished:
+        if batch := pacer.due():
+            await asyncio.gather(*(publish(n % jobs) for n in batch))
+            sent.value = pacer.sent
+        await asyncio.sleep(pacer.pause_s())
+    return pacer.sent, started_jobs, pacer.elapsed_s()
 
 
 # --------------------------------------------------------------------------- the SSE clients
@@ -296,7 +249,7 @@ def growth(samples: Sequence[Minute], window: int, key: str) -> float:
 
 
 async def soak(
-    gateway: Gateway, worker: SoakWorker, streams_url: str, args: argparse.Namespace
+    gateway: Gateway, worker: Worker, streams_url: str, args: argparse.Namespace
 ) -> Report:
     window = min(WINDOW_MINUTES, args.minutes // 2)
     report = Report(args.minutes, args.clients, args.rate, args.events_per_job, window)
@@ -305,67 +258,55 @@ async def soak(
     stop_clients = asyncio.Event()
     watching = asyncio.create_task(clients.run(args.clients, stop_clients))
 
-    context = multiprocessing.get_context("spawn")
-    sent = context.Value("q", 0)
-    parent_end, child_end = context.Pipe(duplex=False)
-    producer = context.Process(
-        target=produce,
-        args=(streams_url, run_id),
-        kwargs={
-            "jobs": args.clients,
-            "events_per_job": args.events_per_job,
-            "rate": args.rate,
-            "seconds": args.minutes * 60,
-            "sent": sent,
-            "report": child_end,
-        },
+    sent = multiprocessing.get_context("spawn").Value("q", 0)
+    producer = ProducerProcess(
+        produce,
+        streams_url,
+        run_id,
+        jobs=args.clients,
+        events_per_job=args.events_per_job,
+        rate=args.rate,
+        seconds=args.minutes * 60,
+        sent=sent,
         name="soak-producer",
     )
-    producer.start()
-    started = time.monotonic()
-    tally = clients.tally
-    last = Minute(0, rss_kib(worker.process.pid), rss_kib(gateway.process.pid), 0, 0, 0)
-    report.samples.append(last)
-    print(
-        f"{'minute':>6} {'worker RSS MiB':>15} {'gateway RSS MiB':>16} {'published':>10} "
-        f"{'delivered':>10} {'jobs done':>10} {'problems':>9}",
-        flush=True,
-    )
-    _print_minute(last, 0)
-    try:
-        for minute in range(1, args.minutes + 1):
-            while time.monotonic() < started + 60 * minute:
-                worker.check_alive()
-                gateway.check_alive()
-                if watching.done():
-                    watching.result()
-                    raise RuntimeError("the SSE clients stopped")
-                await asyncio.sleep(1.0)
-            sample = Minute(
-                minute,
-                rss_kib(worker.process.pid),
-                rss_kib(gateway.process.pid),
-                sent.value,
-                tally.events,
-                tally.jobs_done,
-            )
-            _print_minute(sample, sum(tally.problems.values()), previous=last)
-            report.samples.append(sample)
-            last = sample
-        # The producer publishes its last events right at the end of the last minute.
-        give_up = time.monotonic() + 30
-        while not parent_end.poll(0):
-            if time.monotonic() > give_up or not producer.is_alive():
-                raise RuntimeError("the producer process did not report")
-            await asyncio.sleep(POLL_INTERVAL_S)
-        report.events_published, report.jobs_started, report.publish_s = parent_end.recv()
-    finally:
-        stop_clients.set()
-        await watching
-        producer.join(10)
-        if producer.is_alive():
-            producer.kill()
-            producer.join()
+    with producer:
+        started = time.monotonic()
+        tally = clients.tally
+        last = Minute(0, worker.rss_kib(), gateway.rss_kib(), 0, 0, 0)
+        report.samples.append(last)
+        print(
+            f"{'minute':>6} {'worker RSS MiB':>15} {'gateway RSS MiB':>16} {'published':>10} "
+            f"{'delivered':>10} {'jobs done':>10} {'problems':>9}",
+            flush=True,
+        )
+        _print_minute(last, 0)
+        try:
+            for minute in range(1, args.minutes + 1):
+                while time.monotonic() < started + 60 * minute:
+                    worker.check_alive()
+                    gateway.check_alive()
+                    if watching.done():
+                        watching.result()
+                        raise RuntimeError("the SSE clients stopped")
+                    await asyncio.sleep(1.0)
+                sample = Minute(
+                    minute,
+                    worker.rss_kib(),
+                    gateway.rss_kib(),
+                    sent.value,
+                    tally.events,
+                    tally.jobs_done,
+                )
+                _print_minute(sample, sum(tally.problems.values()), previous=last)
+                report.samples.append(sample)
+                last = sample
+            # The producer publishes its last events right at the end of the last minute.
+            figures = await producer.figures_async(30, poll_s=POLL_INTERVAL_S)
+            report.events_published, report.jobs_started, report.publish_s = figures
+        finally:
+            stop_clients.set()
+            await watching
 
     report.events_delivered = tally.events
     report.jobs_done = tally.jobs_done
@@ -394,39 +335,21 @@ def _print_minute(sample: Minute, problems: int, previous: Minute | None = None)
 
 def run(args: argparse.Namespace) -> Report:
     fd_limit, _ = raise_fd_limit(args.clients + FD_HEADROOM)
-    streams, pubsub = RedisServer(), RedisServer()
-    gateway: Gateway | None = None
-    worker: SoakWorker | None = None
-    try:
-        streams.start()
-        pubsub.start()
+    with redis_servers() as (streams, pubsub):
         step("processes", "2 throwaway redis-servers, eco-router worker, eco-router serve")
-        worker = SoakWorker(streams.url, pubsub.url, read_count=100, name="soak-worker")
-        gateway = Gateway(streams.url, pubsub.url, fd_limit=fd_limit)
-        worker.wait_ready()
-        gateway.wait_ready()
-        step(
-            "soak",
-            f"{args.minutes} min, {args.rate:,} events/s, {args.clients:,} SSE clients, "
-            f"{args.events_per_job} events per job",
-        )
-        report = asyncio.run(soak(gateway, worker, streams.url, args))
-    finally:
-        try:
-            if gateway is not None:
-                gateway.stop()
-        finally:
-            try:
-                if worker is not None:
-                    worker.stop()
-            finally:
-                streams.cleanup()
-                pubsub.cleanup()
-    report.environment = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+        with (
+            Worker(streams.url, pubsub.url, read_count=100, name="soak-worker") as worker,
+            Gateway(streams.url, pubsub.url, fd_limit=fd_limit) as gateway,
+        ):
+            worker.wait_ready()
+            gateway.wait_ready()
+            step(
+                "soak",
+                f"{args.minutes} min, {args.rate:,} events/s, {args.clients:,} SSE clients, "
+                f"{args.events_per_job} events per job",
+            )
+            report = asyncio.run(soak(gateway, worker, streams.url, args))
+    report.environment = environment()
     return report
 
 

@@ -23,18 +23,11 @@ import argparse
 import asyncio
 import contextlib
 import math
-import multiprocessing
-import multiprocessing.connection
-import os
-import platform
 import resource
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,25 +36,24 @@ from typing import Any
 
 import orjson
 
-from bench.reporting import ms, percentile, step, write_json
+from bench.pacing import Pacer
+from bench.producer_process import ProducerProcess
+from bench.redis_servers import redis_servers
+from bench.reporting import RESULTS_DIR, environment, ms, percentile, run_benchmark, step
+from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from eco_router.producer import connect_async, producer_config
-from eco_router.testing import RedisServer
 
 DOMAIN = "scan"
 SHARDS = 4
-RESULTS_PATH = Path(__file__).parent / "results" / "sse.json"
-REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PATH = RESULTS_DIR / "sse.json"
 
 # File descriptors beyond one per connection: Redis pools, logs, the interpreter's own.
 FD_HEADROOM = 1_024
 CONNECT_CONCURRENCY = 200
 CONNECT_TIMEOUT_S = 60.0
-GATEWAY_READY_TIMEOUT_S = 30.0
-GATEWAY_STOP_TIMEOUT_S = 15.0
 # Lets the allocator settle before RSS is read.
 SETTLE_S = 1.0
 WAIT_AFTER_S = 5.0
-PRODUCER_TICK_S = 0.005
 # Calls in flight on the producer's pool at most, when a tick has fallen behind.
 PRODUCER_MAX_IN_FLIGHT = 100
 POLL_INTERVAL_S = 0.05
@@ -96,73 +88,36 @@ def free_port() -> int:
         return port
 
 
-class Gateway:
+class Gateway(RouterProcess):
     """`eco-router serve` (router and SSE gateway in one process) on a free loopback port."""
+
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
+    clean_exits = (0, -signal.SIGTERM, -signal.SIGKILL)
+    stop_timeout_s = 15.0
 
     def __init__(self, streams_url: str, pubsub_url: str, *, fd_limit: int) -> None:
         self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
-        env.update(
-            REDIS_STREAMS_URL=streams_url,
-            REDIS_PUBSUB_URL=pubsub_url,
+        env = eco_router_env(
+            streams_url,
+            pubsub_url,
             EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
             EVENT_ROUTER_CONSUMER_NAME="bench-gateway",
             EVENT_ROUTER_LOG_LEVEL="WARNING",
         )
-        script = Path(sys.executable).with_name("eco-router")
-        command = (
-            [str(script)]
-            if script.exists()
-            else [sys.executable, "-m", "eco_router.entrypoints.cli"]
-        )
-        command += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        self._log = tempfile.NamedTemporaryFile(prefix="sse-gateway-", suffix=".log", delete=False)  # noqa: SIM115
+        command = eco_router_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
 
         def limit_fds() -> None:
             # Inherited anyway; set explicitly so the gateway's limit does not depend on ours.
             resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            cwd=REPOSITORY_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=limit_fds,
-        )
+        super().__init__(command, env=env, name="gateway", preexec_fn=limit_fds)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self) -> None:
-        """Until /ready answers 200 (both Redis servers answer, the router runs)."""
-        deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
-        while True:
-            self.check_alive()
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"gateway not ready in {GATEWAY_READY_TIMEOUT_S}s\n{self.log_tail()}"
-                )
-            time.sleep(POLL_INTERVAL_S)
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {self.process.returncode}\n{self.log_tail()}")
-
-    def rss_kib(self) -> int:
-        """VmRSS of the serve process, in KiB."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS in /proc/<pid>/status")
+    def http_url(self) -> str:
+        return self.base_url
 
     def fd_limit(self) -> str:
         """The gateway's own `Max open files` soft limit, from /proc/<pid>/limits."""
@@ -171,18 +126,10 @@ class Gateway:
                 return line.split()[3]
         return "?"
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the gateway so far, from /proc."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = stat.rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def metrics(self) -> dict[str, float]:
         """The gateway's own counters from /metrics (unlabelled sums), or {} if unreachable."""
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=5) as reply:
-                text = reply.read().decode()
-        except OSError:
+        text = self.http_get("/metrics", timeout=5)
+        if text is None:
             return {}
         figures: dict[str, float] = {}
         for line in text.splitlines():
@@ -192,44 +139,12 @@ class Gateway:
                 figures[key] = figures.get(key, 0.0) + float(value)
         return figures
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(GATEWAY_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
-        if self.process.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
-            print(f"warning: gateway exited with {self.process.returncode}\n{self.log_tail()}")
-        Path(self._log.name).unlink(missing_ok=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        text = Path(self._log.name).read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
 
 # --------------------------------------------------------------------------- the producer process
 
 
-def produce(
-    url: str,
-    job_ids: Sequence[str],
-    rate: int,
-    seconds: float,
-    report: multiprocessing.connection.Connection,
-) -> None:
-    """Child process: publish `rate` events/s for `seconds`, round-robin over `job_ids`."""
-    report.send(asyncio.run(_produce(url, job_ids, rate, seconds)))
-
-
-async def _produce(
-    url: str, job_ids: Sequence[str], rate: int, seconds: float
-) -> tuple[int, float]:
+async def produce(url: str, job_ids: Sequence[str], rate: int, seconds: float) -> tuple[int, float]:
+    """Producer process: publish `rate` events/s for `seconds`, round-robin over `job_ids`."""
     publisher = connect_async(url, producer_config(domain=DOMAIN, shards=SHARDS))
     seqs = [0] * len(job_ids)
 
@@ -241,21 +156,11 @@ async def _produce(
             job_ids[job], f"step-{seq}", "started", seq=seq, progress=min(99, seq)
         )
 
-    total = int(rate * seconds)
-    sent = 0
-    started = time.monotonic()
-    next_tick = started
-    # Pacing catches up on the schedule (start + n / rate), so a slow tick does not lower the rate.
-    while sent < total:
-        due = min(
-            total, int((time.monotonic() - started) * rate) + 1, sent + PRODUCER_MAX_IN_FLIGHT
-        )
-        if due > sent:
-            await asyncio.gather(*(publish(n % len(job_ids)) for n in range(sent, due)))
-            sent = due
-        next_tick += PRODUCER_TICK_S
-        await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
-    return sent, time.monotonic() - started
+    pacer = Pacer(rate, seconds, max_batch=PRODUCER_MAX_IN_FLIGHT)
+    while not pacer.finished:
+        await asyncio.gather(*(publish(n % len(job_ids)) for n in pacer.due()))
+        await asyncio.sleep(pacer.pause_s())
+    return pacer.sent, pacer.elapsed_s()
 
 
 # --------------------------------------------------------------------------- the SSE client
@@ -502,22 +407,13 @@ async def measure(gateway: Gateway, streams_url: str, args: argparse.Namespace) 
     # Only jobs someone watches get events, so every event has exactly one receiver.
     watched = [job_id for job_id in job_ids if job_id in connections]
     step("publish", f"{args.rate:,} events/s for {args.seconds:g} s over {len(watched):,} jobs")
-    context = multiprocessing.get_context("spawn")
-    parent_end, child_end = context.Pipe(duplex=False)
-    producer = context.Process(
-        target=produce,
-        args=(streams_url, watched, args.rate, args.seconds, child_end),
-        name="sse-bench-producer",
-    )
     cpu_before = gateway.cpu_seconds()
-    producer.start()
-    give_up = time.monotonic() + 2 * args.seconds + 30
-    while not parent_end.poll(0):
-        if time.monotonic() > give_up or not producer.is_alive():
-            raise RuntimeError("the producer process did not report")
-        await asyncio.sleep(POLL_INTERVAL_S)
-    sent, publish_s = parent_end.recv()
-    producer.join(10)
+    with ProducerProcess(
+        produce, streams_url, watched, args.rate, args.seconds, name="sse-bench-producer"
+    ) as producer:
+        sent, publish_s = await producer.figures_async(
+            2 * args.seconds + 30, poll_s=POLL_INTERVAL_S
+        )
     cpu_seconds = gateway.cpu_seconds() - cpu_before
     tally.expect(sent)
     with contextlib.suppress(TimeoutError):
@@ -564,27 +460,12 @@ async def measure(gateway: Gateway, streams_url: str, args: argparse.Namespace) 
 
 def run(args: argparse.Namespace) -> Report:
     fd_limit, _ = raise_fd_limit(args.connections + FD_HEADROOM)
-    streams, pubsub = RedisServer(), RedisServer()
-    gateway: Gateway | None = None
-    try:
-        streams.start()
-        pubsub.start()
+    with redis_servers() as (streams, pubsub):
         step("gateway", "eco-router serve with the router inside, 2 throwaway redis-servers")
-        gateway = Gateway(streams.url, pubsub.url, fd_limit=fd_limit)
-        gateway.wait_ready()
-        report = asyncio.run(measure(gateway, streams.url, args))
-    finally:
-        try:
-            if gateway is not None:
-                gateway.stop()
-        finally:
-            streams.cleanup()
-            pubsub.cleanup()
-    report.environment = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+        with Gateway(streams.url, pubsub.url, fd_limit=fd_limit) as gateway:
+            gateway.wait_ready()
+            report = asyncio.run(measure(gateway, streams.url, args))
+    report.environment = environment()
     return report
 
 
@@ -651,13 +532,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
-    report = run(args)
-    print_report(report)
-    write_json(report, args.output)
-    print(f"wrote {args.output} ({time.monotonic() - started:.0f} s in all)")
-    return 0
+    return run_benchmark(run, print_report, parse_args(argv))
 
 
 if __name__ == "__main__":
