@@ -35,7 +35,6 @@ from typing import Any
 import hiredis
 import orjson
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
@@ -217,22 +216,7 @@ class Worker(RouterProcess):
 
     def metrics(self) -> dict[str, float]:
         """Verdict counts and batch sizes from the worker's /metrics, or {} if unreachable."""
-        text = self.http_get("/metrics", timeout=5)
-        if text is None:
-            return {}
-        figures: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "event_router_events_total":
-                    figures[sample.labels["verdict"]] = sample.value
-                elif sample.name in (
-                    "event_router_batch_size_sum",
-                    "event_router_batch_size_count",
-                ):
-                    figures[sample.name.removeprefix("event_router_")] = sample.value
-                elif sample.name == "event_router_published_total":
-                    figures["published"] = sample.value
-        return figures
+        return self.router_figures()
 
     def _before_stop(self) -> None:
         self.figures = self.metrics()

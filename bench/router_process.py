@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
+from prometheus_client.parser import text_string_to_metric_families
+
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 
 READY_TIMEOUT_S = 30.0
@@ -86,6 +88,26 @@ class RouterProcess:
                 return reply.read().decode() if reply.status == 200 else None
         except OSError:
             return None
+
+    def router_figures(self) -> dict[str, float]:
+        """The router's verdict counts, batch sizes and publishes from /metrics, or {}."""
+        text = self.http_get("/metrics", timeout=5)
+        if text is None:
+            return {}
+        figures: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "event_router_events_total":
+                    verdict = sample.labels["verdict"]
+                    figures[verdict] = figures.get(verdict, 0.0) + sample.value
+                elif sample.name in (
+                    "event_router_batch_size_sum",
+                    "event_router_batch_size_count",
+                ):
+                    figures[sample.name.removeprefix("event_router_")] = sample.value
+                elif sample.name == "event_router_published_total":
+                    figures["published"] = figures.get("published", 0.0) + sample.value
+        return figures
 
     def wait_ready(self) -> None:
         """Until /ready answers 200 (both Redis servers answer, the router runs)."""

@@ -235,6 +235,11 @@ class Report:
     bad_jobs: int = 0
     connections: int = 0
     problems: dict[str, int] = field(default_factory=dict)
+    # Summed over both routers: the producer sends each seq once and in order, so every
+    # stale verdict is an older event that reached a router after a newer one was applied.
+    stale_verdicts: int = 0
+    duplicate_verdicts: int = 0
+    gateway_dropped: int = 0
     worker_growth: float = 0.0
     gateway_growth: float = 0.0
     levelled_off: bool = False
@@ -349,6 +354,11 @@ def run(args: argparse.Namespace) -> Report:
                 f"{args.events_per_job} events per job",
             )
             report = asyncio.run(soak(gateway, worker, streams.url, args))
+            routers = [worker.router_figures(), gateway.router_figures()]
+            report.stale_verdicts = int(sum(f.get("stale", 0) for f in routers))
+            report.duplicate_verdicts = int(sum(f.get("duplicate", 0) for f in routers))
+            dropped = gateway.metrics().get("event_router_gateway_events_dropped_total", 0)
+            report.gateway_dropped = int(dropped)
     report.environment = environment()
     return report
 
@@ -365,6 +375,11 @@ def print_report(report: Report) -> None:
     row("jobs started / watched to done", f"{report.jobs_started:,} / {report.jobs_done:,}")
     row("  missing an intermediate seq", f"{report.skipped_jobs:,}")
     row("  with a repeated or out-of-order seq", f"{report.bad_jobs:,}")
+    row(
+        "router verdicts stale / duplicate",
+        f"{report.stale_verdicts:,} / {report.duplicate_verdicts:,}",
+    )
+    row("gateway events dropped (slow clients)", f"{report.gateway_dropped:,}")
     row("SSE connections opened", f"{report.connections:,}")
     if report.problems:
         row("  problems", ", ".join(f"{k} x{v}" for k, v in report.problems.items()))
