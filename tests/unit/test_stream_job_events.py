@@ -433,6 +433,50 @@ class TestTheEnd:
         assert gw.metrics.active == 0
 
 
+class TestEndedAlready:
+    """Whether a resuming client already has the job's end, asked before any stream opens."""
+
+    @pytest.mark.parametrize("last_event_id", [3, 4, 1_000])
+    async def test_a_done_job_at_or_below_the_last_event_id_has_ended(
+        self, gw: Gateway, last_event_id: int
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        await gw.produce("job-1", 3, **DONE)
+
+        assert await gw.stream.already_ended("scan", "job-1", last_event_id) is True
+
+    async def test_a_failed_job_at_the_last_event_id_has_ended(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1)
+        await gw.produce("job-1", 2, **FAILED)
+
+        assert await gw.stream.already_ended("scan", "job-1", 2) is True
+
+    @pytest.mark.parametrize("last_event_id", [None, 0, 2])
+    async def test_a_client_that_has_not_seen_the_end_has_not(
+        self, gw: Gateway, last_event_id: int | None
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        await gw.produce("job-1", 3, **DONE)
+
+        assert await gw.stream.already_ended("scan", "job-1", last_event_id) is False
+
+    async def test_a_running_job_has_not_ended(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, 2)
+
+        assert await gw.stream.already_ended("scan", "job-1", 2) is False
+
+    async def test_an_unknown_job_has_not_ended(self, gw: Gateway) -> None:
+        assert await gw.stream.already_ended("scan", "job-1", 5) is False
+
+    async def test_the_question_counts_no_connection(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, **DONE)
+
+        await gw.stream.already_ended("scan", "job-1", 1)
+
+        assert gw.metrics.active == 0
+        assert gw.metrics.closed == Counter()
+
+
 class TestTimers:
     @pytest.mark.parametrize(
         ("keepalive_s", "max_wait_s"), [(15, 60), (15, 50), (10, 300), (20, 15), (1, 1)]

@@ -43,6 +43,8 @@ class StreamJobEvents:
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
     - When the feed reports a gap (slow client, Pub/Sub reconnect): a snapshot, then the
       history after the last event sent.
+    - `already_ended` tells, before any stream opens, whether a resuming client already has
+      the job's terminal event, so the HTTP layer can tell it to stop reconnecting.
     """
 
     def __init__(
@@ -61,6 +63,14 @@ class StreamJobEvents:
         self._clock = clock
         self._metrics = metrics
         self._limits = limits or StreamLimits()
+
+    async def already_ended(self, domain: str, job_id: str, last_event_id: int | None) -> bool:
+        """True when the job has ended at or below `last_event_id`: nothing is left to send."""
+        if last_event_id is None:
+            return False
+        view = await self._store.view(domain, job_id)
+        state = self._decoder.decode(view.state) if view.state is not None else None
+        return _has_end(state, last_event_id)
 
     async def __call__(
         self, domain: str, job_id: str, last_event_id: int | None = None
@@ -133,12 +143,7 @@ class StreamJobEvents:
                     break
         if sent:
             self._metrics.events_sent(sent, replayed=True)
-        if (
-            state is not None
-            and state.terminal
-            and cursor.last_sent is not None
-            and state.seq <= cursor.last_sent
-        ):
+        if state is not None and _has_end(state, cursor.last_sent):
             cursor.ended = state.name  # the client already has the end of this job
         return frames
 
@@ -149,6 +154,11 @@ class StreamJobEvents:
         if event.written_ms is not None:
             self._metrics.delivered(max(0.0, float(self._clock.now_ms() - event.written_ms)))
         return [event_frame(event)]
+
+
+def _has_end(state: GatewayEvent | None, last_sent: int | None) -> bool:
+    """Whether a client that got `last_sent` has the job's terminal event."""
+    return state is not None and state.terminal and last_sent is not None and state.seq <= last_sent
 
 
 class _Cursor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi import HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
@@ -14,7 +14,7 @@ JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
-def job_event_stream(
+async def job_event_stream(
     request: Request,
     *,
     domain: str,
@@ -24,8 +24,12 @@ def job_event_stream(
     cookie: str,
     authorizer: Authorizer,
     stream: StreamJobEvents,
-) -> StreamingResponse:
-    """Validate everything before the first byte; then stream the job's frames."""
+) -> Response:
+    """Validate everything before the first byte; then stream the job's frames.
+
+    A resuming client that already has the job's end gets 204 No Content: by the SSE
+    standard, a browser's EventSource then stops reconnecting.
+    """
     if JOB_ID.fullmatch(job_id) is None:
         raise HTTPException(422, "job_id must be 1-128 characters of [A-Za-z0-9_.:-]")
     if domain not in domains:
@@ -37,6 +41,8 @@ def job_event_stream(
             raise HTTPException(422, "Last-Event-ID must be a non-negative integer (a seq)")
         after = int(resume)
     authorizer.authorize(bearer_token(request, cookie), job_id)
+    if await stream.already_ended(domain, job_id, after):
+        return Response(status_code=204)
     return StreamingResponse(
         stream(domain, job_id, after), media_type="text/event-stream", headers=SSE_HEADERS
     )

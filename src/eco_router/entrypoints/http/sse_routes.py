@@ -18,13 +18,18 @@ from eco_router.entrypoints.settings import Settings
 
 router = APIRouter()
 DEMO_TOKEN_TTL_S = 3600
+ENDED_ALREADY: dict[int | str, dict[str, object]] = {
+    204: {"description": "The Last-Event-ID already reaches the job's end: stop reconnecting."}
+}
 
 Stream = Depends(Provide[Container.stream_job_events])
 Auth = Depends(Provide[Container.authorizer])
 Config = Depends(Provide[Container.settings])
 
 
-@router.get("/api/v1/{domain}/{job_id}/events", response_class=StreamingResponse)
+@router.get(
+    "/api/v1/{domain}/{job_id}/events", response_class=StreamingResponse, responses=ENDED_ALREADY
+)
 @inject
 async def job_events(
     request: Request,
@@ -34,8 +39,8 @@ async def job_events(
     stream: StreamJobEvents = Stream,
     authorizer: Authorizer = Auth,
     settings: Settings = Config,
-) -> StreamingResponse:
-    return job_event_stream(
+) -> Response:
+    return await job_event_stream(
         request,
         domain=domain,
         job_id=job_id,
@@ -47,7 +52,7 @@ async def job_events(
     )
 
 
-@router.get("/api/v1/stream", response_class=StreamingResponse)
+@router.get("/api/v1/stream", response_class=StreamingResponse, responses=ENDED_ALREADY)
 @inject
 async def legacy_job_events(
     request: Request,
@@ -56,8 +61,8 @@ async def legacy_job_events(
     stream: StreamJobEvents = Stream,
     authorizer: Authorizer = Auth,
     settings: Settings = Config,
-) -> StreamingResponse:
-    return job_event_stream(
+) -> Response:
+    return await job_event_stream(
         request,
         domain="scan",
         job_id=job_id,
