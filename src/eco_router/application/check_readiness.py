@@ -8,10 +8,14 @@ from eco_router.application.router_service import RouterService
 
 
 class CheckReadiness:
-    """Ready when both servers answer and the router's loops are alive; returns what failed."""
+    """Ready when both servers answer and the router's loops are alive; returns what failed.
+
+    A process that does not route (a gateway-only `serve`) passes no router and is not
+    asked about one.
+    """
 
     def __init__(
-        self, *, source: EventSource, broadcaster: Broadcaster, router: RouterService
+        self, *, source: EventSource, broadcaster: Broadcaster, router: RouterService | None
     ) -> None:
         self._source = source
         self._broadcaster = broadcaster
@@ -25,5 +29,6 @@ class CheckReadiness:
                 checks[name] = "ok"
             except TransientError as error:
                 checks[name] = f"unreachable: {error}"
-        checks["router"] = "ok" if self._router.alive else "not running"
+        if self._router is not None:
+            checks["router"] = "ok" if self._router.alive else "not running"
         return checks

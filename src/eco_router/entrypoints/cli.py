@@ -32,7 +32,11 @@ _STARTUP_FAILURE = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.in_memory and args.no_router:
+        # In-memory streams live in this process only: nothing else could route them.
+        parser.error("serve: --no-router needs Redis, it cannot be combined with --in-memory")
     try:
         settings = load_settings()
     except ConfigError as error:
@@ -44,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _worker(settings)
         if args.command == "serve":
             return _serve(
-                settings, host=args.host, port=args.port, in_memory=args.in_memory, demo=args.demo
+                settings,
+                host=args.host,
+                port=args.port,
+                in_memory=args.in_memory,
+                route=not args.no_router,
+                demo=args.demo,
             )
         return asyncio.run(_operator_command(settings, args))
     except (UsageError, InvalidProgressEvent) as error:
@@ -70,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
         "--in-memory",
         action="store_true",
         help="use in-memory adapters instead of Redis (nothing is persisted)",
+    )
+    serve_cmd.add_argument(
+        "--no-router",
+        action="store_true",
+        help="serve SSE only; `eco-router worker` processes route the events",
     )
     serve_cmd.add_argument(
         "--demo",
@@ -186,12 +200,17 @@ def _worker(settings: Settings) -> int:
     return 0
 
 
-def _serve(settings: Settings, *, host: str, port: int, in_memory: bool, demo: bool) -> int:
+def _serve(
+    settings: Settings, *, host: str, port: int, in_memory: bool, route: bool, demo: bool
+) -> int:
     if in_memory:
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
         _log_start("serve", settings)
-    app = create_app(build_container(settings, in_memory=in_memory), demo=demo)
+    if not route:
+        log.info("serving SSE only: events are routed by eco-router worker processes")
+    container = build_container(settings, in_memory=in_memory, route=route)
+    app = create_app(container, route=route, demo=demo)
     log.info("open http://%s:%d/ in a browser", host, port)
     # Open SSE streams would hold a graceful shutdown forever: give them a few seconds.
     config = uvicorn.Config(

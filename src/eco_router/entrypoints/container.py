@@ -213,9 +213,24 @@ def use_in_memory(container: Container) -> None:
     )
 
 
-def build_container(settings: Settings, *, in_memory: bool = False) -> Container:
-    """A fresh container for `settings`; nothing is resolved yet."""
+def build_container(
+    settings: Settings, *, in_memory: bool = False, route: bool = True
+) -> Container:
+    """A fresh container for `settings`; nothing is resolved yet.
+
+    `route=False` is a process that serves SSE while worker processes route: its readiness
+    does not ask for a router.
+    """
     container = Container(settings=settings)
     if in_memory:
         use_in_memory(container)
+    if not route:
+        container.check_readiness.override(
+            providers.Singleton(
+                CheckReadiness,
+                source=container.event_source,
+                broadcaster=container.broadcaster,
+                router=None,
+            )
+        )
     return container

@@ -18,18 +18,24 @@ class RouterRunner:
     """Async context: opens the container's resources and runs the router until exit.
 
     Exit order: stop reading, let the in-flight batch finish (publish and ack) within
-    `drain_timeout_s`, cancel and await what is left, then close the connections.
+    `drain_timeout_s`, cancel and await what is left, then close the connections. With
+    `route=False` it only opens and closes the resources (a gateway that does not route).
     """
 
-    def __init__(self, container: Container, *, drain_timeout_s: float = 8.0) -> None:
+    def __init__(
+        self, container: Container, *, drain_timeout_s: float = 8.0, route: bool = True
+    ) -> None:
         self._container = container
         self._drain_timeout_s = drain_timeout_s
+        self._route = route
         self.stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.router: RouterService | None = None
 
     async def __aenter__(self) -> RouterRunner:
         await resolve(self._container.init_resources())
+        if not self._route:
+            return self
         try:
             self.router = await resolve(self._container.router())
             self._task = asyncio.create_task(self.router.run(self.stop), name="router")

@@ -35,7 +35,7 @@ class _OpsServer(uvicorn.Server):
 async def serve(container: Container, stop: asyncio.Event) -> None:
     """Run until `stop` is set, then drain and close; tests drive this directly."""
     settings = container.settings()
-    app = create_app(container, run_router=False)
+    app = create_app(container, owns_lifecycle=False)
     config = uvicorn.Config(
         app,
         host=settings.http_host,

@@ -27,22 +27,25 @@ ERROR_STATUS: dict[type[PortError], int] = {
 }
 
 
-def create_app(container: Container, *, run_router: bool = True, demo: bool = False) -> FastAPI:
-    """The app; with `run_router` its lifespan opens the connections and runs the router.
+def create_app(
+    container: Container, *, owns_lifecycle: bool = True, route: bool = True, demo: bool = False
+) -> FastAPI:
+    """The app; when it `owns_lifecycle`, its lifespan opens the connections and, with
+    `route`, runs the router (the worker opens them and routes on its own).
 
     `demo` enables `POST /api/v1/demo/jobs`, which the page at `/` uses to start a job.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not run_router:
+        if not owns_lifecycle:
             yield
             return
         if container.settings().jwt_secret is None:
             log.warning(
                 "EVENT_ROUTER_JWT_SECRET is not set: every job's events are open to everyone"
             )
-        async with RouterRunner(container) as runner:
+        async with RouterRunner(container, route=route) as runner:
             app.state.runner = runner
             settle_garbage_collector()
             try:
