@@ -4,23 +4,33 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from eco_router.testing import RedisServer
-from tests.faults.harness import FaultRig
+from tests.faults.harness import FaultRig, Scenario
 
 OpenRig = Callable[..., FaultRig]
 
 
 @pytest.fixture
-async def open_rig(tmp_path: Path) -> AsyncIterator[OpenRig]:
-    """Builds the scenario's rig; its processes, viewers and load are stopped afterwards."""
+async def open_rig(
+    tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
+) -> AsyncIterator[OpenRig]:
+    """Builds a scenario's rig on the test's servers; what it started is stopped afterwards.
+
+    `streams` stands in for the streams server; `router_streams_url` and `router_pubsub_url` are
+    what the routers dial instead of the servers (a relay).
+    """
     rigs: list[FaultRig] = []
 
-    def build(**options: Any) -> FaultRig:
-        rig = FaultRig(tmp_path, **options)
+    def build(
+        scenario: Scenario, *, streams: RedisServer | None = None, **router_urls: str
+    ) -> FaultRig:
+        streams_url = (streams or streams_server).url
+        rig = FaultRig(
+            tmp_path, scenario, streams_url=streams_url, pubsub_url=pubsub_server.url, **router_urls
+        )
         rigs.append(rig)
         return rig
 

@@ -109,6 +109,20 @@ class Sizes:
         return {k: v for k, v in asdict(self).items() if k != "name"} | {"size": self.name}
 
 
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One fault scenario at one load size; `name` names its result file."""
+
+    number: int
+    slug: str
+    title: str
+    sizes: Sizes
+
+    @property
+    def name(self) -> str:
+        return f"{self.number:02d}-{self.slug}-{self.sizes.name}"
+
+
 def bad_entry(reason: RejectReason, job_id: str, token: str) -> dict[str, bytes]:
     """A malformed entry the router must dead-letter with `reason` (`token` tells it apart)."""
     job = job_id.encode()
@@ -443,24 +457,22 @@ class Findings:
 class FaultRig:
     """Router processes (workers and one gateway) on a pair of servers, plus the observers.
 
-    `router_streams_url` / `router_pubsub_url` are what the routers dial (a proxy or a gate in
-    some scenarios); the producer, the collector and the checks always reach the servers directly.
+    `router_streams_url` / `router_pubsub_url` are what the routers dial (a relay in some
+    scenarios); the producer, the collector and the checks always reach the servers directly.
     """
 
     def __init__(
         self,
         log_dir: Path,
+        scenario: Scenario,
         *,
-        scenario: str,
-        title: str,
-        sizes: Sizes,
         streams_url: str,
         pubsub_url: str,
         router_streams_url: str | None = None,
         router_pubsub_url: str | None = None,
     ) -> None:
         self.log_dir = log_dir
-        self.sizes = sizes
+        self.sizes = scenario.sizes
         self.streams_url = streams_url
         self.pubsub_url = pubsub_url
         self.router_streams_url = router_streams_url or streams_url
@@ -472,9 +484,11 @@ class FaultRig:
         self._settings: dict[str, str] = dict(QUICK_SETTINGS)
         self.collector = PubSubCollector(pubsub_url)
         self.redis = Redis.from_url(streams_url, socket_timeout=5.0, socket_connect_timeout=1.0)
-        self.load = Load(streams_url, sizes, stem=scenario.split("-")[0] + "-job")
+        self.load = Load(streams_url, scenario.sizes, stem=f"{scenario.number:02d}-job")
         self.viewers: list[Viewer] = []
-        self.figures = Figures(scenario=scenario, title=title, params=sizes.params())
+        self.figures = Figures(
+            scenario=scenario.name, title=scenario.title, params=scenario.sizes.params()
+        )
         self.findings = Findings()
         self._recovery: asyncio.Task[None] | None = None
         self._recovered = False

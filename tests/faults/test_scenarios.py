@@ -15,9 +15,9 @@ import pytest
 
 from eco_router.testing import RedisServer
 from tests.faults.conftest import OpenRig
-from tests.faults.harness import MALFORMED_REASONS, FaultRig, Sizes, until
-from tests.faults.proxy import FaultProxy, Mode
-from tests.integration.support import GROUP, SCAN, TcpGate, WorkerProcess
+from tests.faults.harness import MALFORMED_REASONS, FaultRig, Scenario, Sizes, until
+from tests.integration.support import GROUP, SCAN, WorkerProcess
+from tests.tcp_relay import Mode, TcpRelay
 
 pytestmark = pytest.mark.integration
 
@@ -27,33 +27,24 @@ MID_LOAD = 0.3
 STUCK = "stuck"
 
 
-def scenario(number: int, slug: str, sizes: Sizes) -> str:
-    return f"{number:02d}-{slug}-{sizes.name}"
+def fault_scenario(number: int, slug: str, title: str, *sizes: Sizes) -> pytest.MarkDecorator:
+    """Runs the test as scenario `number` once per load size, each given as its `scenario`."""
+    cases = [Scenario(number, slug, title, each) for each in sizes]
+    return pytest.mark.parametrize("scenario", cases, ids=lambda case: case.sizes.name)
 
 
 class TestWorkerKilledMidLoad:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("20x12", jobs=20, events=12, malformed=0.02),
-            Sizes("60x8", jobs=60, events=8, malformed=0.02, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        1,
+        "worker-sigkill",
+        "A worker killed with SIGKILL mid-load; the other reclaims its entries",
+        Sizes("20x12", jobs=20, events=12, malformed=0.02),
+        Sizes("60x8", jobs=60, events=8, malformed=0.02, duplicates=0.05),
     )
     async def test_the_other_worker_reclaims_what_a_sigkilled_worker_held(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig
     ) -> None:
-        rig = open_rig(
-            scenario=scenario(1, "worker-sigkill", sizes),
-            title="A worker killed with SIGKILL mid-load; the other reclaims its entries",
-            sizes=sizes,
-            streams_url=streams_server.url,
-            pubsub_url=pubsub_server.url,
-        )
+        rig = open_rig(scenario)
         doomed, survivor = await rig.start(workers=2)
         rig.start_load()
         await rig.load.until_routed(MID_LOAD)
@@ -76,46 +67,34 @@ class TestWorkerKilledMidLoad:
 
 
 class TestPubSubOutage:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("30x10", jobs=30, events=10, malformed=0.02),
-            Sizes("80x6", jobs=80, events=6, malformed=0.02, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        2,
+        "pubsub-outage",
+        "The Pub/Sub Redis stopped for 5 s under load",
+        Sizes("30x10", jobs=30, events=10, malformed=0.02),
+        Sizes("80x6", jobs=80, events=6, malformed=0.02, duplicates=0.05),
     )
     async def test_events_routed_while_pubsub_is_down_reach_subscribers_after_it_returns(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig, pubsub_server: RedisServer
     ) -> None:
         outage_s = 5.0
         # Routers reach Pub/Sub through a gate that opens once the test's subscriber is back
         # on the restarted server: nothing is published to nobody.
-        async with TcpGate(pubsub_server.port) as gate:
-            rig = open_rig(
-                scenario=scenario(2, "pubsub-outage", sizes),
-                title="The Pub/Sub Redis stopped for 5 s under load",
-                sizes=sizes,
-                streams_url=streams_server.url,
-                pubsub_url=pubsub_server.url,
-                router_pubsub_url=gate.url,
-            )
+        async with TcpRelay(pubsub_server.port) as gate:
+            rig = open_rig(scenario, router_pubsub_url=gate.url)
             rig.figures.params |= {"outage_s": outage_s}
             await rig.start(workers=2)
             rig.start_load()
             await rig.load.until_routed(MID_LOAD)
 
-            gate.is_open = False
+            gate.set_mode(Mode.HANG_UP)
             await asyncio.to_thread(pubsub_server.stop)
             await asyncio.sleep(outage_s)
             # Applied during the outage, owed a publish once it is over.
             owed = rig.load.applied_keys() - rig.collector.received_keys()
             await asyncio.to_thread(pubsub_server.start)
             await rig.collector.until_subscribed(2)
-            gate.is_open = True
+            gate.set_mode(Mode.PASS)
             rig.fault_over()
             rig.figures.params |= {"applied_unpublished_during_outage": len(owed)}
 
@@ -127,29 +106,18 @@ class TestPubSubOutage:
 
 
 class TestStreamsServerRestart:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("30x10", jobs=30, events=10, malformed=0.02),
-            Sizes("80x6", jobs=80, events=6, malformed=0.02, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        3,
+        "streams-restart",
+        "The streams Redis (append-only) restarted under load",
+        Sizes("30x10", jobs=30, events=10, malformed=0.02),
+        Sizes("80x6", jobs=80, events=6, malformed=0.02, duplicates=0.05),
     )
     async def test_workers_reconnect_to_a_restarted_streams_server_and_continue(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        durable_streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig, durable_streams_server: RedisServer
     ) -> None:
         down_s = 1.5
-        rig = open_rig(
-            scenario=scenario(3, "streams-restart", sizes),
-            title="The streams Redis (append-only) restarted under load",
-            sizes=sizes,
-            streams_url=durable_streams_server.url,
-            pubsub_url=pubsub_server.url,
-        )
+        rig = open_rig(scenario, streams=durable_streams_server)
         rig.figures.params |= {"down_s": down_s}
         workers = await rig.start(workers=2)
         rig.start_load()
@@ -166,17 +134,16 @@ class TestStreamsServerRestart:
 
 
 class TestNetworkFaults:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("20x30", jobs=20, events=30, pace_s=0.25, malformed=0.02),
-            Sizes("60x20", jobs=60, events=20, pace_s=0.35, malformed=0.02, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        4,
+        "network-faults",
+        "Connections to both Redis servers slowed, frozen and cut",
+        Sizes("20x30", jobs=20, events=30, pace_s=0.25, malformed=0.02),
+        Sizes("60x20", jobs=60, events=20, pace_s=0.35, malformed=0.02, duplicates=0.05),
     )
     async def test_stalled_slowed_and_cut_connections_lose_nothing_and_no_worker_exits(
         self,
-        sizes: Sizes,
+        scenario: Scenario,
         open_rig: OpenRig,
         streams_server: RedisServer,
         pubsub_server: RedisServer,
@@ -185,18 +152,12 @@ class TestNetworkFaults:
         phases = [(Mode.SLOW, 2.0), (Mode.PASS, 1.0), (Mode.FREEZE, 6.5), (Mode.PASS, 1.0)]
         phases += [(Mode.CUT, 2.0)]
         async with (
-            FaultProxy(streams_server.port) as streams_proxy,
-            FaultProxy(pubsub_server.port) as pubsub_proxy,
+            TcpRelay(streams_server.port) as streams_relay,
+            TcpRelay(pubsub_server.port) as pubsub_relay,
         ):
-            proxies = (streams_proxy, pubsub_proxy)
+            relays = (streams_relay, pubsub_relay)
             rig = open_rig(
-                scenario=scenario(4, "network-faults", sizes),
-                title="Connections to both Redis servers slowed, frozen and cut",
-                sizes=sizes,
-                streams_url=streams_server.url,
-                pubsub_url=pubsub_server.url,
-                router_streams_url=streams_proxy.url,
-                router_pubsub_url=pubsub_proxy.url,
+                scenario, router_streams_url=streams_relay.url, router_pubsub_url=pubsub_relay.url
             )
             rig.figures.params |= {"phases": [[mode.value, seconds] for mode, seconds in phases]}
             workers = await rig.start(workers=2)
@@ -204,13 +165,13 @@ class TestNetworkFaults:
             await rig.load.until_routed(MID_LOAD)
 
             for mode, seconds in phases:
-                for proxy in proxies:
-                    proxy.set_mode(mode)
+                for relay in relays:
+                    relay.set_mode(mode)
                 await asyncio.sleep(seconds)
                 exited = [p.name for p in (*workers, rig.gateway) if p.exit_code is not None]
                 rig.require(not exited, f"{exited} exited during {mode.value}")
-            for proxy in proxies:
-                proxy.set_mode(Mode.PASS)
+            for relay in relays:
+                relay.set_mode(Mode.PASS)
             rig.require(not rig.load.done, "the load ended before the faults did")
             rig.fault_over()
 
@@ -220,33 +181,22 @@ class TestNetworkFaults:
                 if worker.exit_code is None:
                     health = await worker.get("/health")
                     rig.require(health.status_code == 200, f"{worker.name} /health {health}")
-            rig.require(streams_proxy.reset > 0, "the cut reset no connection")
+            rig.require(streams_relay.reset > 0, "the cut reset no connection")
             rig.conclude()
 
 
 class TestPoisonStorm:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("20x10", jobs=20, events=10, malformed=0.10, duplicates=0.05),
-            Sizes("50x10", jobs=50, events=10, malformed=0.10, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        5,
+        "poison-storm",
+        "10% malformed entries mixed into the load",
+        Sizes("20x10", jobs=20, events=10, malformed=0.10, duplicates=0.05),
+        Sizes("50x10", jobs=50, events=10, malformed=0.10, duplicates=0.05),
     )
     async def test_every_malformed_entry_is_dead_lettered_with_its_reason_and_the_rest_routed(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig
     ) -> None:
-        rig = open_rig(
-            scenario=scenario(5, "poison-storm", sizes),
-            title="10% malformed entries mixed into the load",
-            sizes=sizes,
-            streams_url=streams_server.url,
-            pubsub_url=pubsub_server.url,
-        )
+        rig = open_rig(scenario)
         await rig.start(workers=2)
         rig.start_load()
         # The storm lasts as long as the load: recovery is counted from its last entry.
@@ -256,7 +206,9 @@ class TestPoisonStorm:
         await rig.settle()
         letters = await rig.dead_letters()
         share = len(rig.load.malformed) / len(rig.load.sent)
-        rig.require(abs(share - sizes.malformed) < 0.01, f"{share:.3f} of entries malformed")
+        rig.require(
+            abs(share - scenario.sizes.malformed) < 0.01, f"{share:.3f} of entries malformed"
+        )
         rig.require(
             len(letters) == len({key for key, _ in letters}), "an entry was dead-lettered twice"
         )
@@ -266,29 +218,18 @@ class TestPoisonStorm:
 
 
 class TestTrimBeforeAck:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("30x10", jobs=30, events=10, duplicates=0.05),
-            Sizes("80x6", jobs=80, events=6, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        6,
+        "trim-before-ack",
+        "Streams trimmed (MAXLEN 0) while entries are pending",
+        Sizes("30x10", jobs=30, events=10, duplicates=0.05),
+        Sizes("80x6", jobs=80, events=6, duplicates=0.05),
     )
     async def test_entries_trimmed_while_pending_are_counted_and_the_group_keeps_flowing(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig
     ) -> None:
         doomed_jobs = 24
-        rig = open_rig(
-            scenario=scenario(6, "trim-before-ack", sizes),
-            title="Streams trimmed (MAXLEN 0) while entries are pending",
-            sizes=sizes,
-            streams_url=streams_server.url,
-            pubsub_url=pubsub_server.url,
-        )
+        rig = open_rig(scenario)
         await rig.start(workers=2)
         rig.start_load()
         await rig.load.until_routed(MID_LOAD)
@@ -341,28 +282,17 @@ class TestTrimBeforeAck:
 
 
 class TestRollingRestart:
-    @pytest.mark.parametrize(
-        "sizes",
-        [
-            Sizes("24x80", jobs=24, events=80, pace_s=0.1, malformed=0.02, duplicates=0.05),
-            Sizes("60x40", jobs=60, events=40, pace_s=0.2, malformed=0.02, duplicates=0.05),
-        ],
-        ids=lambda s: s.name,
+    @fault_scenario(
+        7,
+        "rolling-restart",
+        "The gateway, then each worker, stopped with SIGTERM one by one under load",
+        Sizes("24x80", jobs=24, events=80, pace_s=0.15, malformed=0.02, duplicates=0.05),
+        Sizes("60x40", jobs=60, events=40, pace_s=0.3, malformed=0.02, duplicates=0.05),
     )
     async def test_workers_stopped_one_by_one_drain_exit_0_and_lose_or_duplicate_nothing(
-        self,
-        sizes: Sizes,
-        open_rig: OpenRig,
-        streams_server: RedisServer,
-        pubsub_server: RedisServer,
+        self, scenario: Scenario, open_rig: OpenRig
     ) -> None:
-        rig = open_rig(
-            scenario=scenario(7, "rolling-restart", sizes),
-            title="The gateway, then each worker, stopped with SIGTERM one by one under load",
-            sizes=sizes,
-            streams_url=streams_server.url,
-            pubsub_url=pubsub_server.url,
-        )
+        rig = open_rig(scenario)
         originals = await rig.start(workers=3)
         rig.figures.params |= {"workers": len(originals)}
         rig.start_load()

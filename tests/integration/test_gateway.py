@@ -14,8 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import jwt
@@ -34,6 +33,7 @@ from tests.integration.support import (
     metric_value,
     worker_env,
 )
+from tests.tcp_relay import Mode, TcpRelay
 
 SECRET = "gateway-integration-tests-secret-0123456789"
 COOKIE = "eco_router_token"
@@ -308,90 +308,6 @@ async def feed_connection(pubsub: Redis) -> str:
 
 async def feed_subscribed(pubsub: Redis, job_id: str) -> bool:
     return f"{CHANNEL_PREFIX}:{job_id}" in await subscribed_channels(pubsub)
-
-
-# --- a relay that can hold new connections ---------------------------------------------------
-
-
-class HoldingRelay:
-    """A loopback TCP relay to a server; while held, new connections wait before reaching it.
-
-    The client's connect succeeds at once, but its handshake is answered only after `release()`.
-    """
-
-    def __init__(self, upstream_port: int) -> None:
-        self._upstream_port = upstream_port
-        self._released = asyncio.Event()
-        self._released.set()
-        self._closing = False
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._handlers: set[asyncio.Task[None]] = set()
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def hold(self) -> None:
-        self._released.clear()
-
-    def release(self) -> None:
-        self._released.set()
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        # Handlers end on their own once their sockets are closed (no cancelled callbacks).
-        self._closing = True
-        self._released.set()
-        for writer in list(self._writers):
-            writer.close()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        self._writers.add(writer)
-        try:
-            await self._released.wait()
-            if self._closing:
-                return
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._upstream_port)
-            self._writers.add(up_writer)
-            pumps = [
-                asyncio.create_task(_pump(reader, up_writer)),
-                asyncio.create_task(_pump(up_reader, writer)),
-            ]
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            up_writer.close()
-            writer.close()
-            await asyncio.gather(*pumps, return_exceptions=True)
-        except OSError:
-            pass
-        finally:
-            writer.close()
-            self._handlers.discard(task)
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError):
-        while data := await source.read(65536):
-            sink.write(data)
-            await sink.drain()
-    sink.close()
 
 
 # --- tests -----------------------------------------------------------------------------------
@@ -717,7 +633,7 @@ class TestPubSubOutages:
     ) -> None:
         """The connection is cut but the server stays up: redis-py reconnects on its own."""
         async with (
-            HoldingRelay(pubsub_server.port) as relay,
+            TcpRelay(pubsub_server.port) as relay,
             PubSubCollector(pubsub_server.url) as published,
         ):
             gateway = await gateways.start_async(
@@ -732,13 +648,13 @@ class TestPubSubOutages:
                 await stream.read(1)
                 await publish(producer, job, 0)
                 before = await stream.read(1)
-                relay.hold()
+                relay.set_mode(Mode.HOLD)
                 feed_id = await feed_connection(pubsub_redis)
                 await pubsub_redis.client_kill_filter(_id=feed_id)
                 # Published to nobody: the feed's new connection is still in its handshake.
                 await publish(producer, job, 10, 11)
                 await eventually(lambda: published.seqs(job) == [0, 10, 11], what="published")
-                relay.release()
+                relay.set_mode(Mode.PASS)
                 await eventually(lambda: feed_subscribed(pubsub_redis, job), what="resubscribed")
                 await publish(producer, job, 51)
                 after = await stream.read_to_end()

@@ -15,7 +15,6 @@ from tests.integration.support import (
     GROUP,
     SCAN,
     PubSubCollector,
-    TcpGate,
     Workers,
     add_event,
     dead_letters,
@@ -25,6 +24,7 @@ from tests.integration.support import (
     pending_by_consumer,
     pending_count,
 )
+from tests.tcp_relay import Mode, TcpRelay
 
 QUICK_RECLAIM = {
     "EVENT_ROUTER_RECLAIM_MIN_IDLE_MS": "200",
@@ -198,13 +198,13 @@ class TestServerOutages:
     ) -> None:
         # The worker reaches Pub/Sub through a gate, so the test's subscriber is back on the
         # restarted server before the worker can publish there.
-        async with TcpGate(pubsub_server.port) as gate:
+        async with TcpRelay(pubsub_server.port) as gate:
             worker = await workers.start(pubsub_url=gate.url)
             await add_event(streams_redis, "scan-before", 1)
             await eventually(lambda: subscriber.seqs("scan-before") == [1], what="warm-up")
 
             await asyncio.to_thread(pubsub_server.stop)
-            gate.is_open = False
+            gate.set_mode(Mode.HANG_UP)
             jobs = [job_in_shard(SCAN, 1, f"scan-outage-{n}") for n in range(4)]
             await _produce(streams_redis, jobs, range(1, 11), transaction=True)
             await eventually(lambda: _pending_is(streams_redis, 40), what="the batch held unacked")
@@ -214,7 +214,7 @@ class TestServerOutages:
             )
             await asyncio.to_thread(pubsub_server.restart)
             await subscriber.until_subscribed(2)
-            gate.is_open = True
+            gate.set_mode(Mode.PASS)
 
             await eventually(
                 lambda: all(_deduplicated(subscriber.seqs(j)) == list(range(1, 11)) for j in jobs),
