@@ -20,14 +20,17 @@ import httpx
 import jwt
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from eco_router.producer import AsyncStreamPublisher, producer_config
 from eco_router.testing import RedisServer
 from tests.integration.sse_client import SseEvent, open_sse, read_events, sse_client
 from tests.integration.support import (
     CHANNEL_PREFIX,
+    GROUP,
     PubSubCollector,
     WorkerProcess,
+    Workers,
     eventually,
     job_state,
     metric_value,
@@ -70,7 +73,14 @@ class Gateway(WorkerProcess):
 
     @classmethod
     def launch(
-        cls, log_dir: Path, *, streams_url: str, pubsub_url: str, demo: bool = False, **env: str
+        cls,
+        log_dir: Path,
+        *,
+        streams_url: str,
+        pubsub_url: str,
+        demo: bool = False,
+        no_router: bool = False,
+        **env: str,
     ) -> Gateway:
         """Serve on a free port; returns once /ready answers 200 (another port if it was taken)."""
         name = env.setdefault("EVENT_ROUTER_CONSUMER_NAME", f"gateway-{uuid.uuid4().hex[:6]}")
@@ -79,10 +89,12 @@ class Gateway(WorkerProcess):
         for attempt in range(3):
             port = free_port()
             args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
+            args += ["--demo"] if demo else []
+            args += ["--no-router"] if no_router else []
             log_path = log_dir / f"{name}-{attempt}.log"
             with log_path.open("wb") as log:
                 process = subprocess.Popen(
-                    [*cls.command(), *args, *(["--demo"] if demo else [])],
+                    [*cls.command(), *args],
                     env=worker_env(streams_url, pubsub_url, **env),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -126,10 +138,21 @@ class Gateways:
         self.started: list[Gateway] = []
 
     def start(
-        self, *, streams_url: str, pubsub_url: str, demo: bool = False, **env: str
+        self,
+        *,
+        streams_url: str,
+        pubsub_url: str,
+        demo: bool = False,
+        no_router: bool = False,
+        **env: str,
     ) -> Gateway:
         gateway = Gateway.launch(
-            self._log_dir, streams_url=streams_url, pubsub_url=pubsub_url, demo=demo, **env
+            self._log_dir,
+            streams_url=streams_url,
+            pubsub_url=pubsub_url,
+            demo=demo,
+            no_router=no_router,
+            **env,
         )
         self.started.append(gateway)
         return gateway
@@ -384,6 +407,26 @@ class TestReconnecting:
             ("30", "answer"),
             ("51", "done"),
         ]
+
+    @pytest.mark.parametrize("way", ["Last-Event-ID header", "query parameter", "legacy route"])
+    async def test_a_client_back_after_the_jobs_end_is_told_to_stop_with_204(
+        self, way: str, gateway: Gateway, producer_for: Producers, redis_at: Clients
+    ) -> None:
+        job = new_job("ended")
+        await publish(producer_for(gateway), job, 0, 10, 51)
+        await routed(redis_at(gateway.streams_url), job, 51)
+
+        async with sse_client(gateway.base_url) as http:
+            path, params, headers = resume_request(way, job, "51")
+            ended = await http.get(path, params=params, headers=headers)
+            path, params, headers = resume_request(way, job, "10")
+            async with open_sse(http, path, params=params, headers=headers) as stream:
+                status_before_the_end = stream.status_code
+                rest = await stream.read_to_end()
+
+        assert (ended.status_code, ended.content) == (204, b"")
+        assert status_before_the_end == 200
+        assert ids_and_names(rest) == [("51", "done")]
 
 
 class TestSnapshots:
@@ -757,3 +800,56 @@ class TestDemoJobs:
         assert claims["jobs"] == [created["job_id"]]
         assert events[-1].event == "done"
         assert other.status_code == 403
+
+
+class TestWithoutARouter:
+    async def test_a_gateway_that_does_not_route_streams_what_a_worker_routes(
+        self,
+        gateways: Gateways,
+        workers: Workers,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        producer_for: Producers,
+        redis_at: Clients,
+    ) -> None:
+        gateway = gateways.start(
+            streams_url=streams_server.url, pubsub_url=pubsub_server.url, no_router=True
+        )
+        redis = redis_at(streams_server.url)
+        job = new_job("sse-only")
+        async with sse_client(gateway.base_url) as http:
+            ready = (await http.get("/ready")).json()
+            async with open_sse(http, events_path(job)) as stream:
+                [snapshot] = await stream.read(1)
+                await publish(producer_for(gateway), job, 0)
+                await workers.start()
+                await publish(producer_for(gateway), job, 10, 51)
+                events = await stream.read_to_end()
+            consumers = await group_consumers(redis)
+
+        assert ready == {"ready": True, "checks": {"streams": "ok", "pubsub": "ok"}}
+        assert snapshot.event == "snapshot"
+        assert ids_and_names(events) == [("0", "queued"), ("10", "vision"), ("51", "done")]
+        assert gateway.name not in consumers
+        assert consumers  # the worker's
+
+    def test_no_router_without_redis_is_a_usage_error(self) -> None:
+        done = subprocess.run(
+            [*Gateway.command(), "serve", "--in-memory", "--no-router"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+        assert done.returncode == 2
+        assert "--no-router needs Redis" in done.stderr
+
+
+async def group_consumers(redis: Redis) -> set[str]:
+    """The consumers the group knows on any shard of `scan:events`."""
+    names: set[str] = set()
+    for shard in range(4):
+        with contextlib.suppress(ResponseError):
+            for consumer in await redis.xinfo_consumers(f"scan:events:{shard}", GROUP):
+                names.add(consumer["name"].decode())
+    return names
