@@ -9,6 +9,7 @@ import pytest
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import TransientError
+from eco_router.application.reclaim_pending import ReclaimPending
 from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness
 
 MIN_IDLE_MS = 30_000
@@ -35,6 +36,15 @@ async def crash_after_reading(h: Harness) -> list[str]:
 async def crash_after_claiming(b: InMemoryEventSource) -> None:
     """Consumer B claims every idle entry of job-1's shard and dies before routing any."""
     await b.claim_idle(FAMILY.stream_for("job-1"), cursor="0-0", min_idle_ms=MIN_IDLE_MS, count=100)
+
+
+async def passes_while_pubsub_is_down(h: Harness, reclaim: ReclaimPending) -> None:
+    """More reclaim passes than `max_deliveries`, each after the idle time, Pub/Sub down."""
+    h.broadcaster.available = False
+    for _ in range(h.max_deliveries + 2):
+        h.clock.advance(MIN_IDLE_MS)
+        with pytest.raises(TransientError):
+            await reclaim()
 
 
 class DownAfterPing(InMemoryBroadcaster):
@@ -208,13 +218,9 @@ class TestWhilePubSubIsDown:
     ) -> None:
         entry_id = h.xadd("job-1", 1)
         await crash_after_reading(h)
-        h.broadcaster.available = False
         reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
 
-        for _ in range(h.max_deliveries + 2):
-            h.clock.advance(MIN_IDLE_MS)
-            with pytest.raises(TransientError):
-                await reclaim()
+        await passes_while_pubsub_is_down(h, reclaim)
 
         assert h.pending()[entry_id].consumer == "a"
         assert h.pending()[entry_id].count == 1
@@ -226,12 +232,8 @@ class TestWhilePubSubIsDown:
         h.xadd("job-1", 1)
         h.xadd("job-1", 2)
         await crash_after_reading(h)
-        h.broadcaster.available = False
         reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
-        for _ in range(h.max_deliveries + 2):
-            h.clock.advance(MIN_IDLE_MS)
-            with pytest.raises(TransientError):
-                await reclaim()
+        await passes_while_pubsub_is_down(h, reclaim)
         h.broadcaster.available = True
 
         claimed = await reclaim()
