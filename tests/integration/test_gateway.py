@@ -853,3 +853,39 @@ async def group_consumers(redis: Redis) -> set[str]:
             for consumer in await redis.xinfo_consumers(f"scan:events:{shard}", GROUP):
                 names.add(consumer["name"].decode())
     return names
+
+
+class TestShutdown:
+    async def test_sigterm_ends_open_streams_at_once_and_the_client_resumes_elsewhere(
+        self,
+        gateways: Gateways,
+        worker: WorkerProcess,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        producer_for: Producers,
+    ) -> None:
+        # One router (the worker): with routers in both gateways, back-to-back events of the
+        # job could be applied out of order and the older one judged stale.
+        servers = {"streams_url": streams_server.url, "pubsub_url": pubsub_server.url}
+        leaving = gateways.start(**servers, no_router=True)
+        staying = gateways.start(**servers, no_router=True)
+        producer = producer_for(leaving)
+        job = new_job("shutdown")
+        async with sse_client(leaving.base_url) as http, open_sse(http, events_path(job)) as cut:
+            await cut.read(1)
+            await publish(producer, job, 0, 10)
+            before = await cut.read(2)
+            leaving.terminate()
+            ended = await cut.read_to_end()
+            code = await leaving.wait_exit()
+        async with sse_client(staying.base_url) as http:
+            headers = {"Last-Event-ID": before[-1].id or ""}
+            async with open_sse(http, events_path(job), headers=headers) as resumed:
+                await publish(producer, job, 51)
+                after = await resumed.read_to_end()
+
+        assert ids_and_names(before) == [("0", "queued"), ("10", "vision")]
+        assert ended == []
+        assert code == 0
+        assert "graceful shutdown exceeded" not in leaving.log()
+        assert ids_and_names(after) == [("51", "done")]

@@ -433,6 +433,27 @@ class TestTheEnd:
         assert gw.metrics.active == 0
 
 
+class TestShutdown:
+    async def test_closing_the_feed_ends_an_open_stream_without_an_error(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1)
+        viewer = await gw.connected()
+
+        gw.feed.close_viewers()
+
+        assert await viewer.ended() == ["1:scan"]
+        assert gw.metrics.closed == Counter({"shutdown": 1})
+        assert gw.metrics.active == 0
+
+    async def test_a_client_connecting_after_the_close_gets_its_replay_then_the_end(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        gw.feed.close_viewers()
+
+        assert await gw.connect(last_event_id=1).ended() == ["2:scan"]
+        assert gw.metrics.closed == Counter({"shutdown": 1})
+
+
 class TestEndedAlready:
     """Whether a resuming client already has the job's end, asked before any stream opens."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from eco_router.adapters.feed_queue import ViewerQueue
-from eco_router.application.messages import FeedGap
+from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.domain.sse import GatewayEvent
 
 
@@ -153,3 +153,31 @@ class TestMarkedGaps:
 
         assert await queue.get(0) == FeedGap("reconnect")
         assert await queue.get(0) is None
+
+
+class TestClosing:
+    async def test_events_queued_before_the_close_are_read_first_then_closed_for_good(
+        self,
+    ) -> None:
+        queue = ViewerQueue(maxsize=5)
+        queue.put(running(1))
+        queue.put(done(2))
+
+        queue.close()
+
+        assert [await queue.get(0) for _ in range(4)] == [
+            running(1),
+            done(2),
+            FeedClosed(),
+            FeedClosed(),
+        ]
+
+    async def test_a_waiting_viewer_is_woken_by_the_close(self) -> None:
+        queue = ViewerQueue(maxsize=3)
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+
+        queue.close()
+
+        async with asyncio.timeout(5):
+            assert await waiting == FeedClosed()

@@ -7,18 +7,20 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
-from eco_router.application.messages import FeedGap
+from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.domain.sse import GatewayEvent
 
 
 class ViewerQueue:
     """Bounded: when full, intermediate events are dropped (never terminal ones) and the
-    viewer's next read is a `FeedGap`, so it catches up from the history instead."""
+    viewer's next read is a `FeedGap`, so it catches up from the history instead. Once
+    closed, the events still queued are read, then `FeedClosed`."""
 
     def __init__(self, *, maxsize: int, on_drop: Callable[[int], None] | None = None) -> None:
         self._items: deque[GatewayEvent] = deque()
         self._maxsize = maxsize
         self._gap: str | None = None
+        self._closed = False
         self._ready = asyncio.Event()
         self._on_drop = on_drop
 
@@ -43,8 +45,12 @@ class ViewerQueue:
         self._gap = reason
         self._ready.set()
 
-    async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
-        if not self._items and self._gap is None:
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
+        if not self._items and self._gap is None and not self._closed:
             self._ready.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
@@ -52,4 +58,6 @@ class ViewerQueue:
         if self._gap is not None:
             reason, self._gap = self._gap, None
             return FeedGap(reason)
-        return self._items.popleft() if self._items else None
+        if self._items:
+            return self._items.popleft()
+        return FeedClosed() if self._closed else None

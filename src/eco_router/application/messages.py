@@ -78,3 +78,8 @@ class FeedGap:
     """Live events may have been lost (slow client, Pub/Sub reconnect): re-read the history."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FeedClosed:
+    """The process is shutting down: end the stream so the client resumes on another one."""

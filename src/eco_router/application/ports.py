@@ -10,6 +10,7 @@ from eco_router.application.messages import (
     DeadLetter,
     Delivery,
     EncodedEvent,
+    FeedClosed,
     FeedGap,
     JobView,
     ShardStats,
@@ -177,8 +178,9 @@ class ProgressPublisher(Protocol):
 class FeedSubscription(Protocol):
     """One viewer's live events of one job, in publish order."""
 
-    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
-        """The next event, a gap notice, or None when `timeout_s` passes first."""
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
+        """The next event, a gap notice, or None when `timeout_s` passes first; once the feed
+        is closed and the events already received are taken, `FeedClosed`."""
         ...
 
     async def close(self) -> None:
@@ -192,6 +194,10 @@ class EventFeed(Protocol):
 
     async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
         """Subscribed once this returns: everything published afterwards is delivered."""
+        ...
+
+    def close_viewers(self) -> None:
+        """Shutting down: every subscription, open or opened later, ends with `FeedClosed`."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from eco_router.application.messages import FeedGap
+from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     Clock,
     EventDecoder,
@@ -43,6 +43,8 @@ class StreamJobEvents:
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
     - When the feed reports a gap (slow client, Pub/Sub reconnect): a snapshot, then the
       history after the last event sent.
+    - When the feed closes (the process shuts down), the stream ends without an error: the
+      client's EventSource reconnects with its Last-Event-ID, to another process.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
       the job's terminal event, so the HTTP layer can tell it to stop reconnecting.
     """
@@ -101,6 +103,9 @@ class StreamJobEvents:
                 item = await subscription.next(min(wait_left, keepalive_left))
                 if item is None:
                     continue
+                if isinstance(item, FeedClosed):
+                    reason = "shutdown"
+                    return
                 if isinstance(item, FeedGap):
                     frames = await self._catch_up(domain, job_id, cursor, force_snapshot=True)
                 else:

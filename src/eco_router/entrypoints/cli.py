@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 
 import uvicorn
 from redis.exceptions import RedisError
@@ -18,7 +19,7 @@ from eco_router.application.errors import TransientError
 from eco_router.domain.progress import InvalidProgressEvent, Status
 from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
-from eco_router.entrypoints.http.app import create_app
+from eco_router.entrypoints.http.app import create_app, end_streams
 from eco_router.entrypoints.logging_setup import configure_logging
 from eco_router.entrypoints.operator_commands import UsageError
 from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
@@ -220,7 +221,7 @@ def _serve(
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=3,
     )
-    server = _GatewayServer(config)
+    server = _GatewayServer(config, before_shutdown=lambda: end_streams(app))
     server.run()
     return 0 if server.started else _STARTUP_FAILURE
 
@@ -230,7 +231,21 @@ class _GatewayServer(uvicorn.Server):
 
     uvicorn's own handlers re-raise the signal once it has shut down, so the process would die
     of it (status 143 for SIGTERM) after draining; the worker exits 0, and so should this.
+    Open SSE streams are ended as the shutdown begins (`before_shutdown`), once no new
+    connection is accepted.
     """
+
+    def __init__(
+        self, config: uvicorn.Config, *, before_shutdown: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(config)
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        await self._before_shutdown()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

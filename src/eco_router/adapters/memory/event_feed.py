@@ -7,7 +7,7 @@ import contextlib
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
-from eco_router.application.messages import FeedGap
+from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     EventDecoder,
     EventFeed,
@@ -27,8 +27,10 @@ class InMemoryFeedSubscription(FeedSubscription):
         domain: str,
         decoder: EventDecoder,
         viewer: ViewerQueue,
+        open_viewers: set[ViewerQueue],
     ) -> None:
         self._broadcaster = broadcaster
+        self._open_viewers = open_viewers
         self._channel = channel
         self._source = broadcaster.subscribe(channel)
         self._viewer = viewer
@@ -43,10 +45,11 @@ class InMemoryFeedSubscription(FeedSubscription):
             if event is not None and event.belongs_to(self._domain):
                 self._viewer.put(event)
 
-    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self._viewer.get(timeout_s)
 
     async def close(self) -> None:
+        self._open_viewers.discard(self._viewer)
         self._broadcaster.unsubscribe(self._channel, self._source)
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -68,12 +71,24 @@ class InMemoryEventFeed(EventFeed):
         self._decoder = decoder
         self._metrics = metrics
         self._queue_size = queue_size
+        self._open_viewers: set[ViewerQueue] = set()
+        self._closed = False
 
     async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
+        viewer = ViewerQueue(maxsize=self._queue_size, on_drop=self._metrics.events_dropped)
+        if self._closed:
+            viewer.close()
+        self._open_viewers.add(viewer)
         return InMemoryFeedSubscription(
             self._broadcaster,
             self._broadcaster.channel(job_id),
             domain,
             self._decoder,
-            ViewerQueue(maxsize=self._queue_size, on_drop=self._metrics.events_dropped),
+            viewer,
+            self._open_viewers,
         )
+
+    def close_viewers(self) -> None:
+        self._closed = True
+        for viewer in self._open_viewers:
+            viewer.close()

@@ -25,7 +25,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._closed = Counter(
             "event_router_gateway_connections_closed",
-            "SSE connections closed, by reason (done, error, timeout, disconnect).",
+            "SSE connections closed, by reason (done, error, timeout, disconnect, shutdown).",
             ["reason"],
             registry=registry,
         )

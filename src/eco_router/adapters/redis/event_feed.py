@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
 from eco_router.application.backoff import Backoff
-from eco_router.application.messages import FeedGap
+from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     EventDecoder,
     EventFeed,
@@ -31,7 +31,7 @@ class _Viewer(FeedSubscription):
         self.domain = domain
         self.queue = queue
 
-    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | None:
+    async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self.queue.get(timeout_s)
 
     async def close(self) -> None:
@@ -67,6 +67,7 @@ class RedisPubSubEventFeed(EventFeed):
         self._lock = asyncio.Lock()
         self._has_channels = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def channels(self) -> int:
@@ -90,6 +91,8 @@ class RedisPubSubEventFeed(EventFeed):
             domain,
             ViewerQueue(maxsize=self._queue_size, on_drop=self._metrics.events_dropped),
         )
+        if self._closed:
+            viewer.queue.close()
         async with self._lock:
             first = channel not in self._viewers
             self._viewers[channel].add(viewer)
@@ -102,6 +105,12 @@ class RedisPubSubEventFeed(EventFeed):
         # Only once Redis confirms is every later publish on the channel delivered to us.
         await asyncio.wait_for(asyncio.shield(confirmed), timeout=10)
         return viewer
+
+    def close_viewers(self) -> None:
+        self._closed = True
+        for viewers in self._viewers.values():
+            for viewer in viewers:
+                viewer.queue.close()
 
     async def leave(self, viewer: _Viewer) -> None:
         async with self._lock:

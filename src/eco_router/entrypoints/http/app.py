@@ -68,3 +68,15 @@ def create_app(
         return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
     return app
+
+
+async def end_streams(app: FastAPI) -> None:
+    """Shutting down: end every open SSE stream now; clients resume on another process.
+
+    Streams do not end by themselves, so the server would otherwise wait out its graceful
+    shutdown timeout and then cut them.
+    """
+    container: Container = app.state.container
+    if container.event_feed.initialized:
+        feed = await resolve(container.event_feed())
+        feed.close_viewers()
