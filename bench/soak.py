@@ -240,6 +240,7 @@ class Report:
     stale_verdicts: int = 0
     duplicate_verdicts: int = 0
     gateway_dropped: int = 0
+    gateway_overtaken: int = 0
     worker_growth: float = 0.0
     gateway_growth: float = 0.0
     levelled_off: bool = False
@@ -357,8 +358,12 @@ def run(args: argparse.Namespace) -> Report:
             routers = [worker.router_figures(), gateway.router_figures()]
             report.stale_verdicts = int(sum(f.get("stale", 0) for f in routers))
             report.duplicate_verdicts = int(sum(f.get("duplicate", 0) for f in routers))
-            dropped = gateway.metrics().get("event_router_gateway_events_dropped_total", 0)
-            report.gateway_dropped = int(dropped)
+            figures = gateway.metrics()
+            report.gateway_dropped = int(
+                figures.get("event_router_gateway_events_dropped_total", 0)
+            )
+            overtaken = figures.get("event_router_gateway_events_overtaken_total", 0)
+            report.gateway_overtaken = int(overtaken)
     report.environment = environment()
     return report
 
@@ -379,6 +384,7 @@ def print_report(report: Report) -> None:
         "router verdicts stale / duplicate",
         f"{report.stale_verdicts:,} / {report.duplicate_verdicts:,}",
     )
+    row("gateway events overtaken (not sent)", f"{report.gateway_overtaken:,}")
     row("gateway events dropped (slow clients)", f"{report.gateway_dropped:,}")
     row("SSE connections opened", f"{report.connections:,}")
     if report.problems:

@@ -318,6 +318,7 @@ class TestDedup:
         assert await viewer.ended() == ["1:scan", "2:done"]
         assert gw.h.published_seqs("job-1") == [1, 2]
         assert gw.metrics.sent == Counter({"replay": 1, "live": 1})
+        assert gw.metrics.overtaken == 0
 
     async def test_a_live_event_at_or_below_the_last_sent_seq_is_not_sent(
         self, gw: Gateway
@@ -334,6 +335,21 @@ class TestDedup:
 
         assert await viewer.ended() == ["2:scan", "3:scan", "4:done"]
         assert gw.h.published_seqs("job-1")[-3:] == [1, 3, 4]
+        assert gw.metrics.overtaken == 0  # 1 is before the resume point, 3 was sent
+
+    async def test_an_older_seq_published_after_a_newer_one_is_counted_as_overtaken(
+        self, gw: Gateway
+    ) -> None:
+        viewer = await gw.connected()
+        late = [make_event(seq=seq, stream_id=f"{1_700_000_000_000 + seq}-0") for seq in (3, 2)]
+
+        await gw.h.broadcaster.publish(
+            [EncodedEvent(event, gw.h.encoder.encode(event)) for event in late]
+        )
+        await gw.produce("job-1", 4, **DONE)
+
+        assert await viewer.ended() == ["snapshot:null", "3:progress", "4:done"]
+        assert gw.metrics.overtaken == 1
 
     async def test_a_live_event_of_the_same_job_in_another_domain_is_not_sent(
         self, gw: Gateway

@@ -228,7 +228,7 @@ class GatewayMetrics(Protocol):
         ...
 
     def connection_closed(self, reason: str) -> None:
-        """A client's stream ended: done, error, timeout, disconnect."""
+        """A client's stream ended: done, error, timeout, disconnect, shutdown."""
         ...
 
     def events_sent(self, count: int, *, replayed: bool) -> None:
@@ -241,6 +241,10 @@ class GatewayMetrics(Protocol):
 
     def events_dropped(self, count: int) -> None:
         """Events dropped for a slow client."""
+        ...
+
+    def event_overtaken(self) -> None:
+        """A live event not sent: a newer seq of its job had been sent to the client first."""
         ...
 
     def delivered(self, latency_ms: float) -> None:

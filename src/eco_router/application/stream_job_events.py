@@ -154,6 +154,8 @@ class StreamJobEvents:
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
         if not cursor.take(event):
+            if cursor.overtaken(event):
+                self._metrics.event_overtaken()
             return []
         self._metrics.events_sent(1, replayed=False)
         if event.written_ms is not None:
@@ -167,16 +169,24 @@ def _has_end(state: GatewayEvent | None, last_sent: int | None) -> bool:
 
 
 class _Cursor:
-    """The last seq sent on this connection, and how the stream ended."""
+    """The last seq sent on this connection, what it sent, and how the stream ended."""
 
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
+        self._resumed_after = last_event_id
+        self._sent: set[int] = set()
 
     def take(self, event: GatewayEvent) -> bool:
         if self.last_sent is not None and event.seq <= self.last_sent:
             return False
         self.last_sent = event.seq
+        self._sent.add(event.seq)
         if event.terminal:
             self.ended = event.name
         return True
+
+    def overtaken(self, event: GatewayEvent) -> bool:
+        """A refused event this client never got, from after its resume point: it missed it."""
+        after_resume = self._resumed_after is None or event.seq > self._resumed_after
+        return after_resume and event.seq not in self._sent

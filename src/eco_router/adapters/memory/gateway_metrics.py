@@ -16,6 +16,7 @@ class InMemoryGatewayMetrics(GatewayMetrics):
         self.sent: Counter[str] = Counter()
         self.snapshots = 0
         self.dropped = 0
+        self.overtaken = 0
         self.latencies_ms: list[float] = []
 
     def connection_opened(self) -> None:
@@ -33,6 +34,9 @@ class InMemoryGatewayMetrics(GatewayMetrics):
 
     def events_dropped(self, count: int) -> None:
         self.dropped += count
+
+    def event_overtaken(self) -> None:
+        self.overtaken += 1
 
     def delivered(self, latency_ms: float) -> None:
         self.latencies_ms.append(latency_ms)

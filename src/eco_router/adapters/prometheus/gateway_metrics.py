@@ -45,6 +45,11 @@ class PrometheusGatewayMetrics(GatewayMetrics):
             "Intermediate events dropped for slow clients.",
             registry=registry,
         )
+        self._overtaken = Counter(
+            "event_router_gateway_events_overtaken",
+            "Live events not sent because a newer seq of the job reached the client first.",
+            registry=registry,
+        )
         self._latency = Histogram(
             "event_router_gateway_delivery_latency_seconds",
             "Entry written (its id's time) to written to the client, live events.",
@@ -68,6 +73,9 @@ class PrometheusGatewayMetrics(GatewayMetrics):
 
     def events_dropped(self, count: int) -> None:
         self._dropped.inc(count)
+
+    def event_overtaken(self) -> None:
+        self._overtaken.inc()
 
     def delivered(self, latency_ms: float) -> None:
         self._latency.observe(latency_ms / 1000)
