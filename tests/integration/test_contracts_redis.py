@@ -10,14 +10,25 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
+from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
-from eco_router.application.ports import Broadcaster, DeadLetterSink, EventSource, StateStore
+from eco_router.application.ports import (
+    Broadcaster,
+    DeadLetterSink,
+    EventFeed,
+    EventSource,
+    GatewayMetrics,
+    StateStore,
+)
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
+from tests.contracts.event_feed import PREFIX as FEED_PREFIX
+from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
 from tests.contracts.factories import FAMILIES, GROUP
 from tests.contracts.state_store import StateStoreContract
@@ -104,6 +115,30 @@ async def _next_message(pubsub: PubSub) -> dict[str, Any]:
             message = await pubsub.get_message(timeout=1.0)
             if message is not None:
                 return message
+
+
+class TestRedisPubSubEventFeed(EventFeedContract):
+    @pytest.fixture(autouse=True)
+    async def _backend(self, pubsub_redis: Redis) -> AsyncIterator[None]:
+        self.redis = pubsub_redis
+        self.feeds: list[RedisPubSubEventFeed] = []
+        yield
+        for feed in self.feeds:
+            await feed.stop()
+
+    async def make_feed(
+        self, *, metrics: GatewayMetrics, queue_size: int = 256
+    ) -> tuple[EventFeed, Broadcaster]:
+        feed = RedisPubSubEventFeed(
+            self.redis,
+            channel_prefix=FEED_PREFIX,
+            decoder=OrjsonEventDecoder(),
+            metrics=metrics,
+            queue_size=queue_size,
+        )
+        await feed.start()
+        self.feeds.append(feed)
+        return feed, RedisPubSubBroadcaster(self.redis, channel_prefix=FEED_PREFIX)
 
 
 class TestRedisStreamDeadLetterSink(DeadLetterSinkContract):

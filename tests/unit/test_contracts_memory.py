@@ -7,15 +7,26 @@ from collections.abc import Mapping
 
 import pytest
 
+from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
+from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
-from eco_router.application.ports import Broadcaster, DeadLetterSink, EventSource, StateStore
+from eco_router.application.ports import (
+    Broadcaster,
+    DeadLetterSink,
+    EventFeed,
+    EventSource,
+    GatewayMetrics,
+    StateStore,
+)
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
+from tests.contracts.event_feed import PREFIX as FEED_PREFIX
+from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
 from tests.contracts.factories import FAMILIES, GROUP
 from tests.contracts.state_store import StateStoreContract
@@ -71,6 +82,17 @@ class TestInMemoryBroadcaster(BroadcasterContract):
     async def cut_server(self, broadcaster: Broadcaster) -> None:
         assert isinstance(broadcaster, InMemoryBroadcaster)
         broadcaster.available = False
+
+
+class TestInMemoryEventFeed(EventFeedContract):
+    async def make_feed(
+        self, *, metrics: GatewayMetrics, queue_size: int = 256
+    ) -> tuple[EventFeed, Broadcaster]:
+        broadcaster = InMemoryBroadcaster(channel_prefix=FEED_PREFIX)
+        feed = InMemoryEventFeed(
+            broadcaster, decoder=OrjsonEventDecoder(), metrics=metrics, queue_size=queue_size
+        )
+        return feed, broadcaster
 
 
 class TestInMemoryDeadLetterSink(DeadLetterSinkContract):
