@@ -46,13 +46,15 @@ under load, heals it, and checks three invariants:
   group, and the dead-letter stream holds exactly the malformed entries, each once.
 
 **Known limit: order across routers.** Routers of one consumer group share a job's shard,
-so two consecutive events of one job can go to two routers. When the router holding the older
-event stalls (a busy machine) or its publish fails, the newer event is applied or published
-first: the older one is then stale and never published, or published after the newer one and
-dropped by the gateway, which never sends a seq below one it has sent. A watching client then
-misses that intermediate event; the job's state and its last event are not affected. The
-`stateful` scenario counts these drops (`older seqs dropped by gateway filter`), and
-`make soak` counts the jobs they touch.
+so two consecutive events of one job can go to two routers (idle routers take new entries in
+turn, so two events written within a millisecond usually do). When the router holding the
+older event is slower, or its publish fails, the newer event is applied or published first:
+the older one is then stale and never published, or published after the newer one and skipped
+by the gateway, which never sends a seq below one it has sent. A watching client then misses
+that intermediate event; the job's state and its last event are not affected. The `stateful`
+scenario counts these drops (`older seqs dropped by gateway filter`); in a deployment,
+`event_router_events_total{{verdict="stale"}}` and `event_router_gateway_events_overtaken_total`
+count them, and `make soak` reports both.
 
 **Time to recover** runs from the end of the fault until every event written so far has been
 published; `stateful` runs on a manual clock and does not measure it (0).
