@@ -376,6 +376,69 @@ class EventSourceContract:
 
     # shard_stats
 
+    # overtaking: newer entries of a job that another consumer still holds older ones of
+
+    async def first_and_second_consumer(self) -> tuple[EventSource, EventSource]:
+        """Consumer A holds job-1's first entry; B read its second and job-2's entry."""
+        first = await self.prepared_source("consumer-a")
+        second = await self.prepared_source("consumer-b")
+        await self.append(SCAN_0, fields_of(1))
+        self.held = await first.read_new(count=1, block_ms=0)
+        await self.append(SCAN_0, fields_of(2))
+        await self.append(SCAN_0, fields_of(1, "job-2"))
+        self.later = await second.read_new(count=10, block_ms=0)
+        return first, second
+
+    async def test_an_entry_whose_job_has_an_older_one_at_another_consumer_is_overtaking(
+        self,
+    ) -> None:
+        _, second = await self.first_and_second_consumer()
+
+        overtaking = await second.overtaking(self.later, max_idle_ms=60_000)
+
+        assert overtaking == {(SCAN_0, self.later[0].entry_id)}
+
+    async def test_nothing_overtakes_once_the_older_entry_is_acked(self) -> None:
+        first, second = await self.first_and_second_consumer()
+
+        await first.ack(self.held)
+
+        assert await second.overtaking(self.later, max_idle_ms=60_000) == set()
+
+    async def test_an_older_entry_idle_for_max_idle_ms_is_not_waited_for(self) -> None:
+        _, second = await self.first_and_second_consumer()
+        await self.let_time_pass(IDLE_MS + 20)
+
+        assert await second.overtaking(self.later, max_idle_ms=IDLE_MS) == set()
+
+    async def test_this_consumers_own_older_entries_are_not_waited_for(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 2)
+        await source.read_new(count=1, block_ms=0)
+        later = await source.read_new(count=1, block_ms=0)
+
+        assert await source.overtaking(later, max_idle_ms=60_000) == set()
+
+    async def test_an_entry_without_a_job_id_never_overtakes(self) -> None:
+        first = await self.prepared_source("consumer-a")
+        second = await self.prepared_source("consumer-b")
+        await self.append(SCAN_0, fields_of(1))
+        await first.read_new(count=1, block_ms=0)
+        await self.append(SCAN_0, {b"seq": b"2"})
+        later = await second.read_new(count=1, block_ms=0)
+
+        assert await second.overtaking(later, max_idle_ms=60_000) == set()
+
+    async def test_older_entries_on_other_shards_do_not_hold_an_entry_back(self) -> None:
+        first = await self.prepared_source("consumer-a")
+        second = await self.prepared_source("consumer-b")
+        await self.append(SCAN_1, fields_of(1))
+        await first.read_new(count=10, block_ms=0)
+        await self.append(SCAN_0, fields_of(2))
+        later = await second.read_new(count=10, block_ms=0)
+
+        assert await second.overtaking(later, max_idle_ms=60_000) == set()
+
     async def test_shard_stats_show_lag_and_pending_per_shard(self) -> None:
         source = await self.prepared_source()
         await self.append_many(SCAN_0, 3)

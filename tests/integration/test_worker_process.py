@@ -13,6 +13,7 @@ from tests.integration.support import (
     SCAN,
     PubSubCollector,
     WorkerProcess,
+    Workers,
     add_event,
     eventually,
     job_state,
@@ -191,3 +192,26 @@ async def _delivered_ids(redis: Redis) -> set[str]:
             continue
         delivered |= {i.decode() for i, _ in await redis.xrange(stream, "-", last)}
     return delivered
+
+
+class TestOrderAcrossWorkers:
+    JOBS = 60
+
+    async def test_back_to_back_events_of_a_job_reach_subscribers_in_order_with_two_workers(
+        self, workers: Workers, subscriber: PubSubCollector, streams_redis: Redis
+    ) -> None:
+        routers = [await workers.start(), await workers.start()]
+        jobs = [f"pair-{n}" for n in range(self.JOBS)]
+        for job in jobs:
+            # Written back to back: idle workers take new entries in turn, so the two events
+            # of a job usually go to different workers.
+            await add_event(streams_redis, job, 1, stage="queued")
+            await add_event(streams_redis, job, 2, stage="vision")
+
+        await eventually(lambda: len(subscriber.messages) >= 2 * self.JOBS, what="all published")
+        stale = [
+            await router.metric("event_router_events_total", verdict="stale") for router in routers
+        ]
+
+        assert {job: subscriber.seqs(job) for job in jobs} == {job: [1, 2] for job in jobs}
+        assert stale == [0.0, 0.0]

@@ -132,6 +132,7 @@ class Harness:
         *,
         read_count: int = 10,
         drain_grace_s: float = 2.0,
+        order_wait_ms: int = 0,
     ) -> ConsumeLoop:
         source = source or self.source
         return ConsumeLoop(
@@ -141,6 +142,7 @@ class Harness:
             block_ms=5,
             backoff=Backoff(initial_s=0.001, max_s=0.01),
             drain_grace_s=drain_grace_s,
+            order_wait_ms=order_wait_ms,
         )
 
     # --- producing ---

@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
-from eco_router.application.messages import EncodedEvent
-from eco_router.domain.verdict import Judgement
+from eco_router.application.messages import Delivery, EncodedEvent
+from eco_router.domain.verdict import Judgement, Verdict
 from tests.unit.factories import Harness, eventually
 
 STOP_WITHIN_S = 5.0
@@ -221,3 +221,85 @@ class TestRecovery:
             h.xadd("job-1", 2)
             await eventually(lambda: h.published_seqs("job-1") == [1, 2])
             await eventually(lambda: h.pending() == {})
+
+
+class TestOrderAcrossConsumers:
+    """Router `a` (the harness's consumer) holds job-1's seq 1; router `b` runs the loop."""
+
+    @staticmethod
+    async def a_holds_seq_1_and_b_can_read_seq_2(h: Harness) -> list[Delivery]:
+        await h.source.prepare()
+        h.xadd("job-1", 1)
+        held = await h.read()
+        h.xadd("job-1", 2)
+        h.xadd("job-2", 1)
+        return held
+
+    async def test_a_newer_entry_waits_for_the_older_one_then_follows_it(self) -> None:
+        h = Harness()
+        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+
+        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=5_000)):
+            await eventually(lambda: h.published_seqs("job-2") == [1])
+            waited = h.published_seqs("job-1")
+            await h.route(held)
+            await eventually(lambda: h.published_seqs("job-1") == [1, 2])
+
+        assert waited == []
+        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 0
+        assert h.pending() == {}
+
+    async def test_without_waiting_the_newer_entry_overtakes_and_the_older_is_stale(
+        self,
+    ) -> None:
+        h = Harness()
+        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+
+        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=0)):
+            await eventually(lambda: h.published_seqs("job-1") == [2])
+            await h.route(held)
+
+        assert h.published_seqs("job-1") == [2]
+        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 1
+
+    async def test_the_wait_ends_after_order_wait_ms_when_the_older_entry_stays_held(
+        self,
+    ) -> None:
+        h = Harness()
+        await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+
+        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=50)):
+            await eventually(lambda: h.published_seqs("job-1") == [2])
+
+        assert [p.consumer for p in h.pending().values()] == ["router-1"]
+
+    async def test_nothing_new_is_read_while_entries_wait(self) -> None:
+        h = Harness()
+        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+
+        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=5_000)):
+            await eventually(lambda: h.published_seqs("job-2") == [1])
+            h.xadd("job-3", 1)
+            await asyncio.sleep(0.05)
+            while_waiting = h.published_seqs("job-3")
+            await h.route(held)
+            await eventually(lambda: h.published_seqs("job-3") == [1])
+
+        assert while_waiting == []
+        assert h.published_seqs("job-1") == [1, 2]
+
+    async def test_a_stop_routes_the_waiting_entries_instead_of_stranding_them(self) -> None:
+        h = Harness()
+        await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+
+        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=60_000)) as (
+            stop,
+            task,
+        ):
+            await eventually(lambda: h.published_seqs("job-2") == [1])
+            stop.set()
+            async with asyncio.timeout(STOP_WITHIN_S):
+                await task
+
+        assert h.published_seqs("job-1") == [2]
+        assert [p.consumer for p in h.pending().values()] == ["router-1"]

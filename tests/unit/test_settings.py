@@ -33,6 +33,7 @@ class TestDefaults:
         assert (settings.max_deliveries, settings.history_size) == (5, 100)
         assert settings.channel_prefix == "sse:events"
         assert settings.http_port == 8001
+        assert settings.order_wait_ms == 1000
 
     def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")
@@ -76,6 +77,8 @@ class TestErrors:
             ("EVENT_ROUTER_MAX_DELIVERIES", "-1"),
             ("EVENT_ROUTER_HTTP_PORT", "70000"),
             ("EVENT_ROUTER_LOG_LEVEL", "LOUD"),
+            ("EVENT_ROUTER_ORDER_WAIT_MS", "-5"),
+            ("EVENT_ROUTER_ORDER_WAIT_MS", "a while"),
         ],
     )
     def test_an_invalid_value_is_refused_naming_the_variable(

@@ -17,6 +17,10 @@ from eco_router.application.stopping import sleep_unless_stopped
 
 log = logging.getLogger(__name__)
 
+# Another consumer usually routes the entry we wait for within a few milliseconds.
+ORDER_RECHECK_S = 0.002
+ORDER_RECHECK_MAX_S = 0.05
+
 
 class ConsumeLoop:
     """Read, route, repeat; the one place that decides between retry and moving on.
@@ -29,6 +33,11 @@ class ConsumeLoop:
       its delivery count, so a poison entry ends in the dead-letter stream instead of a loop.
     - Stop: no new read; an in-flight read and batch are finished (routed and acked) within
       `drain_grace_s`, whatever is still unsettled after that stays pending for others.
+    - Order across consumers: the entries of a new batch whose job has an older entry still
+      pending at another consumer wait (up to `order_wait_ms`, re-checked with a short
+      back-off) until that one is routed, so a job's events are applied and published in
+      stream order; the batch's other jobs go at once. Nothing new is read while they wait.
+      `order_wait_ms=0` turns this off.
     """
 
     def __init__(
@@ -40,6 +49,7 @@ class ConsumeLoop:
         block_ms: int,
         backoff: Backoff | None = None,
         drain_grace_s: float = 6.0,
+        order_wait_ms: int = 0,
     ) -> None:
         self._source = source
         self._route = route
@@ -47,6 +57,7 @@ class ConsumeLoop:
         self._block_ms = block_ms
         self._backoff = backoff or Backoff()
         self._drain_grace_s = drain_grace_s
+        self._order_wait_ms = order_wait_ms
         self._prefetch: asyncio.Task[list[Delivery]] | None = None
         self.recovered = asyncio.Event()
 
@@ -67,7 +78,7 @@ class ConsumeLoop:
                         log.warning("stopping with %d entries left pending", len(unsettled))
                         return
                 batch: Sequence[Delivery] = unsettled
-                failed = False
+                failed = fresh = False
                 try:
                     if not batch and recovering:
                         batch = await self._source.read_own_pending(
@@ -82,7 +93,11 @@ class ConsumeLoop:
                         batch = await self._read_new(stop)
                         if batch and not stop.is_set():
                             self._start_read()
-                    unsettled = (await self._route(batch)).unsettled if batch else ()
+                        fresh = True
+                    if fresh:
+                        unsettled = await self._route_in_order(batch, stop)
+                    else:
+                        unsettled = (await self._route(batch)).unsettled if batch else ()
                     failed = bool(unsettled)
                 except TransientError as error:
                     log.warning("transient failure, will retry: %s", error)
@@ -107,6 +122,40 @@ class ConsumeLoop:
                 log.warning("cannot create consumer groups yet: %s", error)
                 await sleep_unless_stopped(stop, self._backoff.next_delay())
         return False
+
+    async def _route_in_order(
+        self, batch: Sequence[Delivery], stop: asyncio.Event
+    ) -> list[Delivery]:
+        """Route `batch`, holding back the jobs another consumer has older entries of."""
+        if not batch:
+            return []
+        held = await self._overtaking(batch)
+        unsettled: list[Delivery] = []
+        deadline = time.monotonic() + self._order_wait_ms / 1000
+        delay_s = ORDER_RECHECK_S
+        while True:
+            ready = [d for d in batch if (d.stream, d.entry_id) not in held]
+            if ready:
+                unsettled += (await self._route(ready)).unsettled
+            batch = [d for d in batch if (d.stream, d.entry_id) in held]
+            if not batch:
+                return unsettled
+            if stop.is_set() or time.monotonic() >= deadline:
+                log.info("routing %d entries without waiting longer for older ones", len(batch))
+                return unsettled + list((await self._route(batch)).unsettled)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, ORDER_RECHECK_MAX_S)
+            held = await self._overtaking(batch)
+
+    async def _overtaking(self, batch: Sequence[Delivery]) -> set[tuple[str, str]]:
+        if not self._order_wait_ms:
+            return set()
+        try:
+            return await self._source.overtaking(batch, max_idle_ms=self._order_wait_ms)
+        except TransientError as error:
+            # Order is best effort: a batch is not held back for a server that fails to tell.
+            log.warning("cannot look for older pending entries: %s", error)
+            return set()
 
     def _start_read(self) -> asyncio.Task[list[Delivery]]:
         # The next batch is read while this one is routed: its round trip and reply parsing

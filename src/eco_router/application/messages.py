@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from eco_router.domain.event import JobEvent
+from eco_router.domain.event import JobEvent, StreamEntryId
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily
 
@@ -23,6 +23,18 @@ class Delivery:
     @property
     def gone(self) -> bool:
         return self.fields is None
+
+
+def first_entries(deliveries: Sequence[Delivery]) -> dict[str, str]:
+    """The id of the first entry of each stream among `deliveries` (ones with a job id)."""
+    first: dict[str, str] = {}
+    for d in deliveries:
+        if d.fields is None or b"job_id" not in d.fields:
+            continue
+        current = first.get(d.stream)
+        if current is None or StreamEntryId.parse(d.entry_id) < StreamEntryId.parse(current):
+            first[d.stream] = d.entry_id
+    return first
 
 
 @dataclass(frozen=True, slots=True)

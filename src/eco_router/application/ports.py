@@ -39,6 +39,14 @@ class EventSource(Protocol):
         """Up to `count` never-delivered entries per shard, waiting up to `block_ms` for any."""
         ...
 
+    async def overtaking(
+        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
+    ) -> set[tuple[str, str]]:
+        """(stream, entry id) of the `deliveries` whose job has an older entry of the same
+        stream pending at another consumer, delivered less than `max_idle_ms` ago: routing
+        them now could apply or publish them before that one."""
+        ...
+
     async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
         """This consumer's unacknowledged entries after the given ids, with delivery counts."""
         ...

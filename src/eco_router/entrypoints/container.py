@@ -99,6 +99,7 @@ class Container(containers.DeclarativeContainer):
         route=route_batch,
         read_count=settings.provided.read_count,
         block_ms=settings.provided.read_block_ms,
+        order_wait_ms=settings.provided.order_wait_ms,
     )
     reclaim_pending = providers.Singleton(
         ReclaimPending,

@@ -65,6 +65,7 @@ class Settings(BaseSettings):
     consumer_name: str = Field(default_factory=default_consumer_name, min_length=1)
     read_count: int = Field(100, ge=1, le=10_000)
     read_block_ms: int = Field(5000, ge=1, le=60_000)
+    order_wait_ms: int = Field(1000, ge=0, le=60_000)
     state_ttl_s: int = Field(3600, ge=1)
     published_ttl_s: int = Field(7200, ge=1)
     reclaim_min_idle_ms: int = Field(300_000, ge=1)

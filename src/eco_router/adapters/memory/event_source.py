@@ -7,8 +7,9 @@ from typing import TypeVar
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import ClaimPage, Delivery, ShardStats
+from eco_router.application.messages import ClaimPage, Delivery, ShardStats, first_entries
 from eco_router.application.ports import EventSource
+from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
 T = TypeVar("T")
@@ -52,6 +53,33 @@ class InMemoryEventSource(EventSource):
             for stream, entries in taken.items()
             for entry_id, fields in entries
         ]
+
+    async def overtaking(
+        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
+    ) -> set[tuple[str, str]]:
+        self._check()
+        first = first_entries(deliveries)
+        now = self.streams.clock_ms()
+        held: set[tuple[str, bytes]] = set()
+        for stream, before in first.items():
+            try:
+                pending = self.streams.pending(stream, self._group)
+            except NoGroup:
+                continue
+            for entry_id, entry in pending.items():
+                if (
+                    entry.consumer != self._consumer
+                    and now - entry.delivered_ms < max_idle_ms
+                    and StreamEntryId.parse(entry_id) < StreamEntryId.parse(before)
+                ):
+                    job = self.streams.fields(stream, entry_id).get(b"job_id")
+                    if job is not None:
+                        held.add((stream, job))
+        return {
+            (d.stream, d.entry_id)
+            for d in deliveries
+            if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in held
+        }
 
     async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
         self._check()

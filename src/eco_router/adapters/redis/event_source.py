@@ -10,7 +10,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.errors import transient_errors
-from eco_router.application.messages import ClaimPage, Delivery, ShardStats
+from eco_router.adapters.redis.scripts import load_lua
+from eco_router.application.messages import ClaimPage, Delivery, ShardStats, first_entries
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -28,6 +29,7 @@ class RedisStreamEventSource(EventSource):
         self._group = group
         self._consumer = consumer
         self._family_of = {s: f for f in self._families for s in f.streams}
+        self._older_pending_jobs = redis.register_script(load_lua("older_pending_jobs.lua"))
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:
@@ -47,6 +49,24 @@ class RedisStreamEventSource(EventSource):
         streams = dict.fromkeys(self._family_of, ">")
         reply = await self._xreadgroup(streams, count=count, block_ms=block_ms)
         return [d for stream, entries in reply for d in self._deliveries(stream, entries)]
+
+    async def overtaking(
+        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
+    ) -> set[tuple[str, str]]:
+        first = first_entries(deliveries)
+        if not first:
+            return set()
+        streams = list(first)
+        args: list[str | int] = [self._group, self._consumer, max_idle_ms]
+        args += [first[s] for s in streams]
+        with transient_errors("look for older pending entries"):
+            reply = await self._older_pending_jobs(keys=streams, args=args)
+        held = {(s, job) for s, jobs in zip(streams, reply, strict=True) for job in jobs}
+        return {
+            (d.stream, d.entry_id)
+            for d in deliveries
+            if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in held
+        }
 
     async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
         streams = {s: after.get(s, "0-0") for s in self._family_of}
