@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from eco_router.domain.event import JobEvent, StreamEntryId
+from eco_router.domain.event import JobEvent
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily
 
@@ -26,13 +26,11 @@ class Delivery:
 
 
 def first_entries(deliveries: Sequence[Delivery]) -> dict[str, str]:
-    """The id of the first entry of each stream among `deliveries` (ones with a job id)."""
+    """The id of the first entry of each stream among `deliveries` (ones with a job id),
+    which come in id order within a stream, as every read returns them."""
     first: dict[str, str] = {}
     for d in deliveries:
-        if d.fields is None or b"job_id" not in d.fields:
-            continue
-        current = first.get(d.stream)
-        if current is None or StreamEntryId.parse(d.entry_id) < StreamEntryId.parse(current):
+        if d.fields is not None and d.stream not in first and b"job_id" in d.fields:
             first[d.stream] = d.entry_id
     return first
 
