@@ -45,16 +45,18 @@ under load, heals it, and checks three invariants:
 - **Nothing stranded.** After healing, no entry is left pending or unread in the consumer
   group, and the dead-letter stream holds exactly the malformed entries, each once.
 
-**Known limit: order across routers.** Routers of one consumer group share a job's shard,
-so two consecutive events of one job can go to two routers (idle routers take new entries in
-turn, so two events written within a millisecond usually do). When the router holding the
-older event is slower, or its publish fails, the newer event is applied or published first:
-the older one is then stale and never published, or published after the newer one and skipped
-by the gateway, which never sends a seq below one it has sent. A watching client then misses
-that intermediate event; the job's state and its last event are not affected. The `stateful`
-scenario counts these drops (`older seqs dropped by gateway filter`); in a deployment,
-`event_router_events_total{{verdict="stale"}}` and `event_router_gateway_events_overtaken_total`
-count them, and `make soak` reports both.
+**Order across routers.** Routers of one consumer group share a job's shard, so two
+consecutive events of one job can go to two routers. A router holds back a job's newer entries
+while another router still holds an older one (`EVENT_ROUTER_ORDER_WAIT_MS`, 1 s by default),
+so a job's events are applied and published in stream order. What remains: when the router
+holding the older entry is stuck or killed for longer than that wait, the newer event goes
+first, and the older one, reclaimed later, is stale and never published (or, if it was
+applied but not published, published after the newer one and skipped by the gateway, which
+never sends a seq below one it has sent). A watching client then misses that intermediate
+event; the job's state and its last event are not affected. The `stateful` scenario, which
+drives the use cases without that wait, counts these drops (`older seqs dropped by gateway
+filter`); in a deployment, `event_router_events_total{{verdict="stale"}}` and
+`event_router_gateway_events_overtaken_total` count them, and `make soak` reports both.
 
 **Time to recover** runs from the end of the fault until every event written so far has been
 published; `stateful` runs on a manual clock and does not measure it (0).
