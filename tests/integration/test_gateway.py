@@ -864,8 +864,6 @@ class TestShutdown:
         pubsub_server: RedisServer,
         producer_for: Producers,
     ) -> None:
-        # One router (the worker): with routers in both gateways, back-to-back events of the
-        # job could be applied out of order and the older one judged stale.
         servers = {"streams_url": streams_server.url, "pubsub_url": pubsub_server.url}
         leaving = gateways.start(**servers, no_router=True)
         staying = gateways.start(**servers, no_router=True)
