@@ -419,23 +419,28 @@ class EventSourceContract:
 
         assert await source.overtaking(later, max_idle_ms=60_000) == set()
 
-    async def test_an_entry_without_a_job_id_never_overtakes(self) -> None:
+    async def read_after_another_consumer(
+        self, held: tuple[str, Mapping[bytes, bytes]], later: tuple[str, Mapping[bytes, bytes]]
+    ) -> tuple[EventSource, list[Delivery]]:
+        """Consumer A reads (and holds) the `held` entry; B reads the `later` one."""
         first = await self.prepared_source("consumer-a")
         second = await self.prepared_source("consumer-b")
-        await self.append(SCAN_0, fields_of(1))
-        await first.read_new(count=1, block_ms=0)
-        await self.append(SCAN_0, {b"seq": b"2"})
-        later = await second.read_new(count=1, block_ms=0)
+        await self.append(*held)
+        await first.read_new(count=10, block_ms=0)
+        await self.append(*later)
+        return second, await second.read_new(count=10, block_ms=0)
+
+    async def test_an_entry_without_a_job_id_never_overtakes(self) -> None:
+        second, later = await self.read_after_another_consumer(
+            (SCAN_0, fields_of(1)), (SCAN_0, {b"seq": b"2"})
+        )
 
         assert await second.overtaking(later, max_idle_ms=60_000) == set()
 
     async def test_older_entries_on_other_shards_do_not_hold_an_entry_back(self) -> None:
-        first = await self.prepared_source("consumer-a")
-        second = await self.prepared_source("consumer-b")
-        await self.append(SCAN_1, fields_of(1))
-        await first.read_new(count=10, block_ms=0)
-        await self.append(SCAN_0, fields_of(2))
-        later = await second.read_new(count=10, block_ms=0)
+        second, later = await self.read_after_another_consumer(
+            (SCAN_1, fields_of(1)), (SCAN_0, fields_of(2))
+        )
 
         assert await second.overtaking(later, max_idle_ms=60_000) == set()
 
