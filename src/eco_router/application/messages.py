@@ -35,6 +35,17 @@ def first_entries(deliveries: Sequence[Delivery]) -> dict[str, str]:
     return first
 
 
+def entries_of_jobs(
+    deliveries: Sequence[Delivery], jobs: set[tuple[str, bytes]]
+) -> set[tuple[str, str]]:
+    """(stream, entry id) of the `deliveries` whose (stream, job id) is among `jobs`."""
+    return {
+        (d.stream, d.entry_id)
+        for d in deliveries
+        if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in jobs
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class EncodedEvent:
     """A valid event with its wire payload, encoded once for the state store and the channel."""

@@ -7,7 +7,13 @@ from typing import TypeVar
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import ClaimPage, Delivery, ShardStats, first_entries
+from eco_router.application.messages import (
+    ClaimPage,
+    Delivery,
+    ShardStats,
+    entries_of_jobs,
+    first_entries,
+)
 from eco_router.application.ports import EventSource
 from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
@@ -61,7 +67,8 @@ class InMemoryEventSource(EventSource):
         first = first_entries(deliveries)
         now = self.streams.clock_ms()
         held: set[tuple[str, bytes]] = set()
-        for stream, before in first.items():
+        for stream, first_id in first.items():
+            before = StreamEntryId.parse(first_id)
             try:
                 pending = self.streams.pending(stream, self._group)
             except NoGroup:
@@ -70,16 +77,12 @@ class InMemoryEventSource(EventSource):
                 if (
                     entry.consumer != self._consumer
                     and now - entry.delivered_ms < max_idle_ms
-                    and StreamEntryId.parse(entry_id) < StreamEntryId.parse(before)
+                    and StreamEntryId.parse(entry_id) < before
                 ):
                     job = self.streams.fields(stream, entry_id).get(b"job_id")
                     if job is not None:
                         held.add((stream, job))
-        return {
-            (d.stream, d.entry_id)
-            for d in deliveries
-            if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in held
-        }
+        return entries_of_jobs(deliveries, held)
 
     async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
         self._check()

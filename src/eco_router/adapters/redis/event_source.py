@@ -11,7 +11,13 @@ from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.errors import transient_errors
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import ClaimPage, Delivery, ShardStats, first_entries
+from eco_router.application.messages import (
+    ClaimPage,
+    Delivery,
+    ShardStats,
+    entries_of_jobs,
+    first_entries,
+)
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -62,11 +68,7 @@ class RedisStreamEventSource(EventSource):
         with transient_errors("look for older pending entries"):
             reply = await self._older_pending_jobs(keys=streams, args=args)
         held = {(s, job) for s, jobs in zip(streams, reply, strict=True) for job in jobs}
-        return {
-            (d.stream, d.entry_id)
-            for d in deliveries
-            if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in held
-        }
+        return entries_of_jobs(deliveries, held)
 
     async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
         streams = {s: after.get(s, "0-0") for s in self._family_of}
