@@ -15,14 +15,17 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.leases import InMemoryLeaseStore, LeaseTable
 from eco_router.adapters.memory.metrics import InMemoryRouterMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, PendingEntry
 from eco_router.application.backoff import Backoff
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.held_shards import HeldShards, Phase
+from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.messages import Delivery
 from eco_router.application.reclaim_pending import ReclaimPending
-from eco_router.application.route_batch import RouteBatch
+from eco_router.application.route_batch import RouteBatch, RouteResult
 from eco_router.domain.event import JobEvent
 from eco_router.domain.streams import StreamFamily
 
@@ -32,6 +35,7 @@ FAMILY = StreamFamily("scan:events", 4)
 GROUP = "router"
 CHANNEL_PREFIX = "sse:events"
 START_MS = 1_700_000_000_000
+LEASE_TTL_MS = 4000
 
 
 def make_fields(**overrides: str | bytes | int | None) -> dict[bytes, bytes]:
@@ -62,9 +66,23 @@ def make_event(**overrides: Any) -> JobEvent:
     return JobEvent(**values)
 
 
+@dataclass(frozen=True, slots=True)
+class FencedRoute:
+    """A `RouteBatch` called under fixed fencing tokens, as a holder of those shards calls it."""
+
+    route: RouteBatch
+    fence: Mapping[str, int]
+
+    async def __call__(self, deliveries: list[Delivery]) -> RouteResult:
+        return await self.route(deliveries, self.fence)
+
+
 @dataclass
 class Harness:
-    """In-memory streams, adapters and use cases for the `scan:events` family (4 shards)."""
+    """In-memory streams, adapters and use cases for the `scan:events` family (4 shards).
+
+    The harness's consumer starts out holding every shard under fencing token 1.
+    """
 
     max_deliveries: int = 3
     consumer: str = "router-1"
@@ -78,12 +96,21 @@ class Harness:
     dead_letters: InMemoryDeadLetterSink = field(init=False)
     metrics: InMemoryRouterMetrics = field(init=False)
     encoder: OrjsonEventEncoder = field(init=False)
-    route: RouteBatch = field(init=False)
+    leases: LeaseTable = field(init=False)
+    fence: dict[str, int] = field(init=False)
+    route: FencedRoute = field(init=False)
 
     def __post_init__(self) -> None:
         self.streams = InMemoryStreams(self.clock)
+        self.leases = self.streams.lease_table(GROUP)
+        self.fence = {stream: 1 for stream in self.family.streams}
+        self.leases.epochs.update(self.fence)
         self.store = InMemoryStateStore(
-            clock=self.clock, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+            clock=self.clock,
+            leases=self.leases,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=100,
         )
         self.broadcaster = InMemoryBroadcaster(channel_prefix=CHANNEL_PREFIX)
         self.dead_letters = InMemoryDeadLetterSink(self.streams)
@@ -100,7 +127,11 @@ class Harness:
             self.streams, families=[self.family], group=GROUP, consumer=consumer
         )
 
-    def route_for(self, source: InMemoryEventSource) -> RouteBatch:
+    def route_for(self, source: InMemoryEventSource) -> FencedRoute:
+        """Routing by `source`'s consumer under the harness's fencing tokens."""
+        return FencedRoute(self.route_batch(source), self.fence)
+
+    def route_batch(self, source: InMemoryEventSource) -> RouteBatch:
         return RouteBatch(
             source=source,
             store=self.store,
@@ -113,13 +144,42 @@ class Harness:
             max_field_bytes=self.max_field_bytes,
         )
 
+    def held_shards(self, phase: Phase = Phase.READING) -> HeldShards:
+        """Every shard held under the harness's fencing tokens, in `phase`."""
+        held = HeldShards()
+        for stream, token in self.fence.items():
+            held.gain(stream, token, since_ms=self.clock.now_ms(), now_s=self.clock.monotonic())
+            if phase is Phase.READING:
+                held.took_over(stream)
+        return held
+
+    def lease_store(self) -> InMemoryLeaseStore:
+        return InMemoryLeaseStore(self.leases, ttl_ms=LEASE_TTL_MS)
+
+    def lease_keeper(self, router: str, held: HeldShards) -> KeepLeases:
+        return KeepLeases(
+            leases=self.lease_store(),
+            held=held,
+            router=router,
+            families=[self.family],
+            metrics=self.metrics,
+            clock=self.clock,
+            renew_s=0.001,
+        )
+
     def reclaimer(
-        self, source: InMemoryEventSource, *, min_idle_ms: int = 30_000, page_size: int = 100
+        self,
+        source: InMemoryEventSource,
+        *,
+        min_idle_ms: int = 30_000,
+        page_size: int = 100,
+        held: HeldShards | None = None,
     ) -> ReclaimPending:
         return ReclaimPending(
             source=source,
             broadcaster=self.broadcaster,
-            route=self.route_for(source),
+            route=self.route_batch(source),
+            held=held or self.held_shards(),
             metrics=self.metrics,
             clock=self.clock,
             min_idle_ms=min_idle_ms,
@@ -132,17 +192,20 @@ class Harness:
         *,
         read_count: int = 10,
         drain_grace_s: float = 2.0,
-        order_wait_ms: int = 0,
+        held: HeldShards | None = None,
     ) -> ConsumeLoop:
+        """A consumer that has just taken every shard (it takes over before reading)."""
         source = source or self.source
         return ConsumeLoop(
             source=source,
-            route=self.route_for(source),
+            route=self.route_batch(source),
+            held=held or self.held_shards(Phase.TAKING_OVER),
+            metrics=self.metrics,
+            clock=self.clock,
             read_count=read_count,
             block_ms=5,
             backoff=Backoff(initial_s=0.001, max_s=0.01),
             drain_grace_s=drain_grace_s,
-            order_wait_ms=order_wait_ms,
         )
 
     # --- producing ---
@@ -158,9 +221,21 @@ class Harness:
 
     # --- reading ---
 
-    async def read(self, count: int = 100) -> list[Delivery]:
-        """One non-blocking read of new entries by this harness's consumer."""
-        return await self.source.read_new(count=count, block_ms=0)
+    async def read(
+        self, count: int = 100, source: InMemoryEventSource | None = None
+    ) -> list[Delivery]:
+        """One read of new entries by this harness's consumer (or `source`'s)."""
+        return (await (source or self.source).read_new(self.fence, count=count)).deliveries
+
+    async def redeliver(self, source: InMemoryEventSource | None = None) -> list[Delivery]:
+        """Every pending entry claimed again by `source` (the harness's consumer by default),
+        counting the delivery, as a take-over does."""
+        source = source or self.source
+        found: list[Delivery] = []
+        for stream, token in self.fence.items():
+            page = await source.claim(stream, token=token, cursor="0-0", min_idle_ms=0, count=1000)
+            found += page.deliveries
+        return found
 
     def published(self, job_id: str) -> list[dict[str, Any]]:
         channel = self.broadcaster.channel(job_id)

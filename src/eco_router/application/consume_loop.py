@@ -1,4 +1,4 @@
-"""The consumer: reads the streams and routes batch after batch until asked to stop."""
+"""The consumer: takes over and reads the shards this router holds, batch after batch."""
 
 from __future__ import annotations
 
@@ -6,38 +6,40 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Delivery
-from eco_router.application.ports import EventSource
+from eco_router.application.held_shards import HeldShards, Phase, streams_of
+from eco_router.application.messages import Delivery, ReadBatch
+from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stopping import sleep_unless_stopped
+from eco_router.domain.streams import StreamFamily, shard_of
 
 log = logging.getLogger(__name__)
 
-# Another consumer usually routes the entry we wait for within a few milliseconds.
-ORDER_RECHECK_S = 0.002
-ORDER_RECHECK_MAX_S = 0.05
+Fence = Mapping[str, int]
 
 
 class ConsumeLoop:
-    """Read, route, repeat; the one place that decides between retry and moving on.
+    """Route the held shards in stream order; the one place that decides retry or move on.
 
-    - Startup: create missing groups, then finish this consumer's own pending entries
-      (left by an earlier process of the same name) before reading new ones.
+    - Take-over first: a newly held shard's pending entries (left by whoever held it before,
+      this router's earlier self included) are claimed page by page, in id order, and routed
+      before any new entry of it is read. They are older than every entry not yet delivered,
+      so each job's events are routed in stream order across holders.
+    - New entries: one read over the shards being read, fenced by their tokens, without
+      waiting; when it brings nothing, wait for an append, a change of held shards, or stop.
+      The next batch is read while this one is routed.
+    - A fenced shard (another router holds it now) is dropped with what is in hand of it,
+      unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
       memory, back off exponentially (bounded) and route it again; read nothing new meanwhile.
-    - Any other error: log it and leave the batch pending; the reclaimer brings it back with
-      its delivery count, so a poison entry ends in the dead-letter stream instead of a loop.
-    - Stop: no new read; an in-flight read and batch are finished (routed and acked) within
-      `drain_grace_s`, whatever is still unsettled after that stays pending for others.
-    - Order across consumers: the entries of a new batch whose job has an older entry still
-      pending at another consumer wait (up to `order_wait_ms`, re-checked with a short
-      back-off) until that one is routed, so a job's events are applied and published in
-      stream order; the batch's other jobs go at once. Nothing new is read while they wait.
-      `order_wait_ms=0` turns this off.
+    - Any other error: log it and leave the batch pending for the reclaimer, which brings it
+      back with its delivery count, so a poison entry ends in the dead-letter stream.
+    - Stop: nothing new is read or claimed; the batch in flight is finished (routed and acked)
+      within `drain_grace_s`, whatever is still unsettled after that stays pending.
     """
 
     def __init__(
@@ -45,28 +47,35 @@ class ConsumeLoop:
         *,
         source: EventSource,
         route: RouteBatch,
+        held: HeldShards,
+        metrics: RouterMetrics,
+        clock: Clock,
         read_count: int,
         block_ms: int,
         backoff: Backoff | None = None,
         drain_grace_s: float = 6.0,
-        order_wait_ms: int = 0,
     ) -> None:
         self._source = source
         self._route = route
+        self._held = held
+        self._metrics = metrics
+        self._clock = clock
         self._read_count = read_count
         self._block_ms = block_ms
         self._backoff = backoff or Backoff()
         self._drain_grace_s = drain_grace_s
-        self._order_wait_ms = order_wait_ms
-        self._prefetch: asyncio.Task[list[Delivery]] | None = None
-        self.recovered = asyncio.Event()
+        self._family_of: dict[str, StreamFamily] = {
+            s: f for f in source.families for s in f.streams
+        }
+        self._prefetch: tuple[asyncio.Task[ReadBatch], dict[str, int]] | None = None
+        self._finishing: set[str] = set()
+        self.prepared = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         if not await self._prepare(stop):
             return
-        own_cursor = {s: "0-0" for f in self._source.families for s in f.streams}
-        recovering = True
         unsettled: Sequence[Delivery] = ()
+        fence: Fence = {}
         stop_deadline: float | None = None
         try:
             while True:
@@ -78,32 +87,21 @@ class ConsumeLoop:
                         log.warning("stopping with %d entries left pending", len(unsettled))
                         return
                 batch: Sequence[Delivery] = unsettled
-                failed = fresh = False
+                failed = False
                 try:
-                    if not batch and recovering:
-                        batch = await self._source.read_own_pending(
-                            after=own_cursor, count=self._read_count
-                        )
-                        recovering = bool(batch)
-                        if not recovering:
-                            self.recovered.set()
-                        for delivery in batch:
-                            own_cursor[delivery.stream] = delivery.entry_id
-                    elif not batch:
-                        batch = await self._read_new(stop)
-                        if batch and not stop.is_set():
-                            self._start_read()
-                        fresh = True
-                    if fresh:
-                        unsettled = await self._route_in_order(batch, stop)
-                    else:
-                        unsettled = (await self._route(batch)).unsettled if batch else ()
+                    if not batch:
+                        batch, fence = await self._next_batch(stop)
+                    unsettled = await self._settle(batch, fence) if batch else ()
                     failed = bool(unsettled)
+                    if not unsettled:
+                        self._finish_take_overs()
                 except TransientError as error:
                     log.warning("transient failure, will retry: %s", error)
                     unsettled, failed = batch, True
                 except Exception:
                     log.exception("routing failed; the batch stays pending for the reclaimer")
+                    self._held.put_down(streams_of(batch))
+                    self._finishing.clear()
                     unsettled, failed = (), True
                 if failed:
                     await self._pause(stop, stop_deadline)
@@ -117,82 +115,147 @@ class ConsumeLoop:
             try:
                 await self._source.prepare()
                 self._backoff.reset()
+                self.prepared.set()
                 return True
             except TransientError as error:
                 log.warning("cannot create consumer groups yet: %s", error)
                 await sleep_unless_stopped(stop, self._backoff.next_delay())
         return False
 
-    async def _route_in_order(
-        self, batch: Sequence[Delivery], stop: asyncio.Event
-    ) -> list[Delivery]:
-        """Route `batch`, holding back the jobs another consumer has older entries of."""
-        if not batch:
-            return []
-        held = await self._overtaking(batch)
-        unsettled: list[Delivery] = []
-        deadline = time.monotonic() + self._order_wait_ms / 1000
-        delay_s = ORDER_RECHECK_S
-        while True:
-            ready = [d for d in batch if (d.stream, d.entry_id) not in held]
-            if ready:
-                unsettled += (await self._route(ready)).unsettled
-            batch = [d for d in batch if (d.stream, d.entry_id) in held]
-            if not batch:
-                return unsettled
-            if stop.is_set() or time.monotonic() >= deadline:
-                log.info("routing %d entries without waiting longer for older ones", len(batch))
-                return unsettled + list((await self._route(batch)).unsettled)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, ORDER_RECHECK_MAX_S)
-            held = await self._overtaking(batch)
+    async def _next_batch(self, stop: asyncio.Event) -> tuple[list[Delivery], Fence]:
+        if self._prefetch is not None:
+            read, tokens = self._prefetch
+            self._prefetch = None
+            return await self._take_read(await read, tokens, stop)
+        if stop.is_set():
+            return [], {}
+        for stream in self._held.taking_over():
+            claimed = await self._claim_left(stream)
+            if claimed is not None:
+                return claimed
+        tokens = self._held.tokens([Phase.READING])
+        self._held.changed.clear()
+        if not tokens:
+            await self._wait_for_work(stop)
+            return [], {}
+        read = self._start_read(tokens)
+        return await self._take_read(await read, tokens, stop)
 
-    async def _overtaking(self, batch: Sequence[Delivery]) -> set[tuple[str, str]]:
-        if not self._order_wait_ms:
-            return set()
-        try:
-            return await self._source.overtaking(batch, max_idle_ms=self._order_wait_ms)
-        except TransientError as error:
-            # Order is best effort: a batch is not held back for a server that fails to tell.
-            log.warning("cannot look for older pending entries: %s", error)
-            return set()
-
-    def _start_read(self) -> asyncio.Task[list[Delivery]]:
-        # The next batch is read while this one is routed: its round trip and reply parsing
-        # overlap the Lua call and the publish. Batches are still routed one after another.
-        self._prefetch = asyncio.ensure_future(
-            self._source.read_new(count=self._read_count, block_ms=self._block_ms)
+    async def _claim_left(self, stream: str) -> tuple[list[Delivery], Fence] | None:
+        """The next page of what earlier holders left on `stream`; None once none is left."""
+        held = self._held.get(stream)
+        if held is None:
+            return None
+        page = await self._source.claim(
+            stream, token=held.token, cursor=held.cursor, min_idle_ms=0, count=self._read_count
         )
-        return self._prefetch
+        if page.fenced:
+            self._lost(stream)
+            return None
+        held.cursor = page.cursor
+        held.claimed += len(page.deliveries)
+        if page.wrapped:
+            self._finishing.add(stream)
+        if not page.deliveries:
+            self._finish_take_overs()
+            return None
+        self._held.picked_up(streams_of(page.deliveries))
+        return page.deliveries, {stream: held.token}
 
-    async def _read_new(self, stop: asyncio.Event) -> list[Delivery]:
-        read = self._prefetch or self._start_read()
-        self._prefetch = None
-        stopped = asyncio.ensure_future(stop.wait())
+    def _finish_take_overs(self) -> None:
+        for stream in self._finishing:
+            held = self._held.took_over(stream)
+            if held is None:
+                continue
+            seconds = self._clock.monotonic() - held.acquired_s
+            family = self._family_of[stream]
+            self._metrics.taken_over(
+                family.domain, shard_of(stream), claimed=held.claimed, seconds=seconds
+            )
+            if held.claimed:
+                log.info(
+                    "took over %s: %d entries left pending routed in %.3f s",
+                    stream,
+                    held.claimed,
+                    seconds,
+                )
+        self._finishing.clear()
+
+    def _start_read(self, tokens: dict[str, int]) -> asyncio.Task[ReadBatch]:
+        # A read in flight holds its shards: none is handed over before its entries settle.
+        self._held.picked_up(tokens)
+        return asyncio.ensure_future(self._read(tokens))
+
+    async def _read(self, tokens: dict[str, int]) -> ReadBatch:
         try:
-            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            batch = await self._source.read_new(tokens, count=self._read_count)
+            self._held.picked_up(streams_of(batch.deliveries))
+            return batch
         finally:
-            stopped.cancel()
-        if read.done():
-            return read.result()
-        # Entries a blocked read takes are ours once it returns: let it finish and route them.
+            self._held.put_down(tokens)
+
+    async def _take_read(
+        self, batch: ReadBatch, tokens: dict[str, int], stop: asyncio.Event
+    ) -> tuple[list[Delivery], Fence]:
+        for stream in batch.fenced:
+            self._lost(stream)
+        if batch.deliveries:
+            following = self._held.tokens([Phase.READING])
+            if following and not stop.is_set() and not self._held.taking_over():
+                # The next batch is read while this one is routed: its round trip overlaps
+                # the Lua call and the publish. Batches are still routed one after another.
+                self._prefetch = (self._start_read(following), following)
+            return batch.deliveries, tokens
+        if tokens == self._held.tokens([Phase.READING]) and not self._held.taking_over():
+            await self._wait_for_work(stop, batch.marks)
+        return [], {}
+
+    async def _wait_for_work(
+        self, stop: asyncio.Event, marks: Mapping[str, str] | None = None
+    ) -> None:
+        """Until an entry is appended after `marks`, the held shards change, or stop."""
+        waits: list[asyncio.Future[object]] = [
+            asyncio.ensure_future(self._held.changed.wait()),
+            asyncio.ensure_future(stop.wait()),
+        ]
+        if marks:
+            waits.append(
+                asyncio.ensure_future(self._source.wait_for_new(marks, block_ms=self._block_ms))
+            )
         try:
-            async with asyncio.timeout(self._drain_grace_s):
-                return await read
-        except TimeoutError:
-            return []
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not read.done():
-                read.cancel()
+            for wait in waits:
+                wait.cancel()
+            for wait in waits:
                 with contextlib.suppress(BaseException):
-                    await read
+                    await wait
+        for wait in done:
+            wait.result()  # a failed wait for appends is a transient error to back off from
+
+    async def _settle(self, batch: Sequence[Delivery], fence: Fence) -> list[Delivery]:
+        result = await self._route(batch, fence)
+        for stream in result.fenced:
+            self._lost(stream)
+        kept = {(d.stream, d.entry_id) for d in result.unsettled}
+        self._held.put_down(streams_of(d for d in batch if (d.stream, d.entry_id) not in kept))
+        return result.unsettled
+
+    def _lost(self, stream: str) -> None:
+        if self._held.lose(stream) is not None:
+            log.warning("%s is held by another router now; dropping what is in hand", stream)
+            self._metrics.lease_lost(self._family_of[stream].domain, shard_of(stream))
+            self._metrics.shard_held(self._family_of[stream].domain, shard_of(stream), None)
+        self._finishing.discard(stream)
 
     async def _cancel_prefetch(self) -> None:
-        read, self._prefetch = self._prefetch, None
-        if read is not None:
-            read.cancel()
-            with contextlib.suppress(BaseException):
-                await read
+        if self._prefetch is None:
+            return
+        read, _ = self._prefetch
+        self._prefetch = None
+        read.cancel()
+        with contextlib.suppress(BaseException):
+            await read
 
     async def _pause(self, stop: asyncio.Event, stop_deadline: float | None) -> None:
         delay = self._backoff.next_delay()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from eco_router.domain.event import JobEvent
+from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily
+from eco_router.domain.verdict import Judgement
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,25 +27,36 @@ class Delivery:
         return self.fields is None
 
 
-def first_entries(deliveries: Sequence[Delivery]) -> dict[str, str]:
-    """The id of the first entry of each stream among `deliveries` (ones with a job id),
-    which come in id order within a stream, as every read returns them."""
-    first: dict[str, str] = {}
-    for d in deliveries:
-        if d.fields is not None and d.stream not in first and b"job_id" in d.fields:
-            first[d.stream] = d.entry_id
-    return first
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """New entries of the shards read; `fenced` shards were not read (another router took
+    them over); when nothing was read, `marks` holds each shard's last entry id to wait after."""
+
+    deliveries: list[Delivery]
+    fenced: frozenset[str] = frozenset()
+    marks: Mapping[str, str] = field(default_factory=dict)
 
 
-def entries_of_jobs(
-    deliveries: Sequence[Delivery], jobs: set[tuple[str, bytes]]
-) -> set[tuple[str, str]]:
-    """(stream, entry id) of the `deliveries` whose (stream, job id) is among `jobs`."""
-    return {
-        (d.stream, d.entry_id)
-        for d in deliveries
-        if d.fields is not None and (d.stream, d.fields.get(b"job_id")) in jobs
-    }
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The judgements of a batch's events, in order; events of `fenced` shards were not judged
+    (None): another router holds their shard now."""
+
+    judgements: list[Judgement | None]
+    fenced: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """The live routers (name → lease expiry) and the shard leases of a group at `now_ms`,
+    on the lease store's clock."""
+
+    now_ms: int
+    routers: Mapping[str, int]
+    leases: Mapping[str, Lease]
+
+    def owners(self) -> dict[str, str]:
+        return {stream: lease.owner for stream, lease in self.leases.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,7 @@ class ClaimPage:
 
     deliveries: list[Delivery]
     cursor: str
+    fenced: bool = False
 
     @property
     def wrapped(self) -> bool:

@@ -6,20 +6,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from eco_router.application.messages import (
+    Applied,
     ClaimPage,
     DeadLetter,
     Delivery,
     EncodedEvent,
     FeedClosed,
     FeedGap,
+    GroupView,
     JobView,
+    ReadBatch,
     ShardStats,
 )
 from eco_router.domain.event import JobEvent
+from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import StreamFamily
-from eco_router.domain.verdict import Judgement, Verdict
+from eco_router.domain.verdict import Verdict
 
 
 @runtime_checkable
@@ -35,26 +39,22 @@ class EventSource(Protocol):
         """Create the group on every shard at id 0, with its stream; an existing one is fine."""
         ...
 
-    async def read_new(self, *, count: int, block_ms: int) -> list[Delivery]:
-        """Up to `count` never-delivered entries per shard, waiting up to `block_ms` for any."""
+    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
+        """Up to `count` never-delivered entries of each shard in `tokens`, without waiting;
+        a shard is read only while its fencing token is still the one given (checked
+        atomically with the read), else it is reported fenced."""
         ...
 
-    async def overtaking(
-        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
-    ) -> set[tuple[str, str]]:
-        """(stream, entry id) of the `deliveries` whose job has an older entry of the same
-        stream pending at another consumer, delivered less than `max_idle_ms` ago: routing
-        them now could apply or publish them before that one."""
+    async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
+        """Return once a shard has an entry after its mark, or after `block_ms`; reads nothing
+        into the group, so cancelling it is always safe."""
         ...
 
-    async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
-        """This consumer's unacknowledged entries after the given ids, with delivery counts."""
-        ...
-
-    async def claim_idle(
-        self, stream: str, *, cursor: str, min_idle_ms: int, count: int
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
     ) -> ClaimPage:
-        """Take over entries idle for `min_idle_ms` from any consumer, counting the delivery."""
+        """Take over entries idle for `min_idle_ms` from any consumer, counting the delivery,
+        while the shard's fencing token is `token` (else a fenced, empty page)."""
         ...
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
@@ -74,8 +74,10 @@ class EventSource(Protocol):
 class StateStore(Protocol):
     """Per-job state snapshot, history and dedup markers."""
 
-    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
-        """Judge the events in order and apply the NEW ones, all in one atomic step."""
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+        """Judge the events in order and apply the NEW ones, all in one atomic step, for the
+        shards whose fencing token is still the one in `fence` (every shard of `fence` is
+        checked, with or without events); the other shards' events are left untouched."""
         ...
 
     async def view(self, domain: str, job_id: str) -> JobView:
@@ -93,6 +95,34 @@ class Broadcaster(Protocol):
 
     async def ping(self) -> None:
         """Raise `TransientError` unless the Pub/Sub server answers."""
+        ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Which routers of a group are alive and which one holds each shard (leases with a TTL
+    and a fencing token that grows with every new holder)."""
+
+    async def heartbeat(self, router: str, held: Mapping[str, int]) -> GroupView:
+        """Mark `router` alive for one TTL and renew each lease in `held` whose fencing token
+        is still the given one (even if it lapsed meanwhile); then the group as it is now."""
+        ...
+
+    async def acquire(self, stream: str, router: str) -> Lease | None:
+        """Take the shard's lease if nobody holds a live one, with a new, higher fencing token;
+        None when another router holds it."""
+        ...
+
+    async def release(self, stream: str, router: str, token: int) -> None:
+        """Give the lease up if it is still held with `token` (a clean hand-over)."""
+        ...
+
+    async def leave(self, router: str) -> None:
+        """Remove the router from the live set (a clean stop, after releasing its leases)."""
+        ...
+
+    async def view(self) -> GroupView:
+        """The group as it is now, changing nothing."""
         ...
 
 
@@ -161,6 +191,23 @@ class RouterMetrics(Protocol):
 
     def shard_observed(self, stats: ShardStats) -> None:
         """Fresh lag and pending figures for one shard."""
+        ...
+
+    def shard_held(self, domain: str, shard: int, since_ms: int | None) -> None:
+        """This router holds the shard since `since_ms` (None: it does not hold it)."""
+        ...
+
+    def taken_over(self, domain: str, shard: int, *, claimed: int, seconds: float) -> None:
+        """A shard was taken over: `claimed` entries left by its previous holder were routed
+        in `seconds` from acquiring its lease."""
+        ...
+
+    def lease_lost(self, domain: str, shard: int) -> None:
+        """Another router took a shard this one still believed it held."""
+        ...
+
+    def routers_alive(self, count: int) -> None:
+        """Routers of the group alive at the last heartbeat."""
         ...
 
 

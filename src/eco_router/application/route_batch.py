@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import DeadLetter, Delivery, EncodedEvent
+from eco_router.application.messages import Applied, DeadLetter, Delivery, EncodedEvent
 from eco_router.application.ports import (
     Broadcaster,
     Clock,
@@ -33,6 +33,7 @@ class RouteResult:
 
     verdicts: Counter[Verdict] = field(default_factory=Counter)
     unsettled: list[Delivery] = field(default_factory=list)
+    fenced: frozenset[str] = frozenset()
     error: PublishFailed | None = None
 
 
@@ -46,6 +47,9 @@ class RouteBatch:
     - NEW events are published in that order; DUPLICATE and STALE ones are only acked.
     - Publish-then-ack: when the publish fails, the NEW entries stay unacked and are returned
       as unsettled, so a retry (or another consumer) publishes them; everything else is acked.
+    - Fencing: the batch is applied only for the shards whose token in `fence` still holds
+      (checked atomically with the apply). A fenced shard's entries are left as they are,
+      unpublished, not dead-lettered and unacked: the router that holds it now routes them.
     """
 
     def __init__(
@@ -71,7 +75,9 @@ class RouteBatch:
         self._max_deliveries = max_deliveries
         self._max_field_bytes = max_field_bytes
 
-    async def __call__(self, deliveries: Sequence[Delivery]) -> RouteResult:
+    async def __call__(
+        self, deliveries: Sequence[Delivery], fence: Mapping[str, int]
+    ) -> RouteResult:
         started = self._clock.monotonic()
         result = RouteResult()
         letters: list[DeadLetter] = []
@@ -95,9 +101,13 @@ class RouteBatch:
                 letters.append(
                     DeadLetter(delivery, RejectReason.RESULT_NOT_JSON, f"cannot encode: {error}")
                 )
-        judgements = await self._store.apply(encoded) if encoded else []
-
-        to_publish = [item for item, j in zip(encoded, judgements, strict=True) if j.publish]
+        applied = await self._apply(encoded, letters, fence)
+        result.fenced = applied.fenced
+        if applied.fenced:
+            letters = [x for x in letters if x.delivery.stream not in applied.fenced]
+            deliveries = [d for d in deliveries if d.stream not in applied.fenced]
+        judged = [(e, j) for e, j in zip(encoded, applied.judgements, strict=True) if j]
+        to_publish = [item for item, j in judged if j.publish]
         try:
             if to_publish:
                 await self._broadcaster.publish(to_publish)
@@ -116,8 +126,29 @@ class RouteBatch:
         unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
         await self._source.ack([d for d in deliveries if (d.stream, d.entry_id) not in unsettled])
 
-        self._report(result, letters, encoded, judgements, deliveries, started)
+        self._report(result, letters, judged, deliveries, started)
         return result
+
+    async def _apply(
+        self,
+        encoded: Sequence[EncodedEvent],
+        letters: Sequence[DeadLetter],
+        fence: Mapping[str, int],
+    ) -> Applied:
+        # Every shard with something to write is fenced, dead letters included, so a router
+        # that lost a shard neither applies nor dead-letters what the new holder routes.
+        writing = {item.event.stream for item in encoded}
+        writing.update(letter.delivery.stream for letter in letters)
+        unheld = frozenset(s for s in writing if s not in fence)
+        if not writing - unheld:
+            return Applied([None] * len(encoded), unheld)
+        held = [item for item in encoded if item.event.stream not in unheld]
+        applied = await self._store.apply(held, {s: fence[s] for s in writing - unheld})
+        judgements = iter(applied.judgements)
+        return Applied(
+            [None if item.event.stream in unheld else next(judgements) for item in encoded],
+            applied.fenced | unheld,
+        )
 
     def _triage(self, delivery: Delivery) -> JobEvent | Rejection | None:
         if delivery.fields is None:
@@ -148,13 +179,12 @@ class RouteBatch:
         self,
         result: RouteResult,
         letters: Sequence[DeadLetter],
-        encoded: Sequence[EncodedEvent],
-        judgements: Sequence[Judgement],
+        judged: Sequence[tuple[EncodedEvent, Judgement]],
         deliveries: Sequence[Delivery],
         started: float,
     ) -> None:
         per_domain: Counter[tuple[str, Verdict]] = Counter()
-        for item, judgement in zip(encoded, judgements, strict=True):
+        for item, judgement in judged:
             per_domain[(item.event.domain, judgement.verdict)] += 1
         dead: Counter[tuple[str, RejectReason]] = Counter()
         for letter in letters:

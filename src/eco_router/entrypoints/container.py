@@ -10,6 +10,7 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.leases import InMemoryLeaseStore
 from eco_router.adapters.memory.publisher import InMemoryStreamPublisher
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
@@ -19,12 +20,15 @@ from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
+from eco_router.application.held_shards import HeldShards
+from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.route_batch import RouteBatch
@@ -69,9 +73,17 @@ class Container(containers.DeclarativeContainer):
         group=settings.provided.consumer_group,
         consumer=settings.provided.consumer_name,
     )
+    lease_store = providers.Singleton(
+        RedisLeaseStore,
+        streams_redis,
+        families=settings.provided.streams,
+        group=settings.provided.consumer_group,
+        ttl_ms=settings.provided.lease_ttl_ms,
+    )
     state_store = providers.Singleton(
         RedisLuaStateStore,
         streams_redis,
+        group=settings.provided.consumer_group,
         state_ttl_s=settings.provided.state_ttl_s,
         markers_ttl_s=settings.provided.published_ttl_s,
         history_size=settings.provided.history_size,
@@ -93,19 +105,33 @@ class Container(containers.DeclarativeContainer):
         max_deliveries=settings.provided.max_deliveries,
         max_field_bytes=settings.provided.max_field_bytes,
     )
+    held_shards = providers.Singleton(HeldShards)
+    keep_leases = providers.Singleton(
+        KeepLeases,
+        leases=lease_store,
+        held=held_shards,
+        router=settings.provided.consumer_name,
+        families=settings.provided.streams,
+        metrics=metrics,
+        clock=clock,
+        renew_s=settings.provided.lease_renew_s,
+    )
     consume_loop = providers.Singleton(
         ConsumeLoop,
         source=event_source,
         route=route_batch,
+        held=held_shards,
+        metrics=metrics,
+        clock=clock,
         read_count=settings.provided.read_count,
         block_ms=settings.provided.read_block_ms,
-        order_wait_ms=settings.provided.order_wait_ms,
     )
     reclaim_pending = providers.Singleton(
         ReclaimPending,
         source=event_source,
         broadcaster=broadcaster,
         route=route_batch,
+        held=held_shards,
         metrics=metrics,
         clock=clock,
         min_idle_ms=settings.provided.reclaim_min_idle_ms,
@@ -114,6 +140,7 @@ class Container(containers.DeclarativeContainer):
     observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
     router = providers.Singleton(
         RouterService,
+        leases=keep_leases,
         consume=consume_loop,
         reclaim=reclaim_pending,
         observe=observe_shards,
@@ -183,10 +210,19 @@ def use_in_memory(container: Container) -> None:
             consumer=settings.provided.consumer_name,
         )
     )
+    lease_table = providers.Callable(
+        lambda streams, group: streams.lease_table(group),
+        container.memory_streams,
+        settings.provided.consumer_group,
+    )
+    container.lease_store.override(
+        providers.Singleton(InMemoryLeaseStore, lease_table, ttl_ms=settings.provided.lease_ttl_ms)
+    )
     container.state_store.override(
         providers.Singleton(
             InMemoryStateStore,
             clock=container.clock,
+            leases=lease_table,
             state_ttl_s=settings.provided.state_ttl_s,
             markers_ttl_s=settings.provided.published_ttl_s,
             history_size=settings.provided.history_size,

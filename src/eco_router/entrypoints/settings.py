@@ -65,7 +65,10 @@ class Settings(BaseSettings):
     consumer_name: str = Field(default_factory=default_consumer_name, min_length=1)
     read_count: int = Field(100, ge=1, le=10_000)
     read_block_ms: int = Field(5000, ge=1, le=60_000)
-    order_wait_ms: int = Field(1000, ge=0, le=60_000)
+    # Kept so existing configurations still load; order across routers is by shard leases now.
+    order_wait_ms: int | None = Field(None, ge=0, le=60_000)
+    lease_ttl_ms: int = Field(4000, ge=100, le=600_000)
+    lease_renew_ms: int = Field(1000, ge=10, le=200_000)
     state_ttl_s: int = Field(3600, ge=1)
     published_ttl_s: int = Field(7200, ge=1)
     reclaim_min_idle_ms: int = Field(300_000, ge=1)
@@ -120,6 +123,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_leases(self) -> Settings:
+        if self.lease_renew_ms * 3 > self.lease_ttl_ms:
+            raise ValueError(
+                "EVENT_ROUTER_LEASE_RENEW_MS must be at most a third of EVENT_ROUTER_LEASE_TTL_MS, "
+                "so one late heartbeat does not lose a router its shards"
+            )
+        return self
+
     @property
     def domains(self) -> tuple[str, ...]:
         return tuple(f.domain for f in self.streams)
@@ -127,6 +139,10 @@ class Settings(BaseSettings):
     @property
     def pubsub_url(self) -> str:
         return self.redis_pubsub_url or self.redis_streams_url
+
+    @property
+    def lease_renew_s(self) -> float:
+        return self.lease_renew_ms / 1000
 
     @property
     def streams_socket_timeout_s(self) -> float:

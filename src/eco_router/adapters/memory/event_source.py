@@ -7,15 +7,8 @@ from typing import TypeVar
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import (
-    ClaimPage,
-    Delivery,
-    ShardStats,
-    entries_of_jobs,
-    first_entries,
-)
+from eco_router.application.messages import ClaimPage, Delivery, ReadBatch, ShardStats
 from eco_router.application.ports import EventSource
-from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
 T = TypeVar("T")
@@ -48,58 +41,32 @@ class InMemoryEventSource(EventSource):
         for stream in self._family_of:
             self.streams.create_group(stream, self._group)
 
-    async def read_new(self, *, count: int, block_ms: int) -> list[Delivery]:
+    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
         self._check()
-        taken = self._read_new(count)
-        if not taken and block_ms > 0:
-            await self.streams.wait_for_append(block_ms / 1000)
-            taken = self._read_new(count)
-        return [
+        table = self.streams.lease_table(self._group)
+        fenced = frozenset(s for s, token in tokens.items() if not table.holds(s, token))
+        readable = [s for s in tokens if s not in fenced]
+        taken = self._retrying_nogroup(
+            lambda: self.streams.read_new(self._group, self._consumer, readable, count)
+        )
+        deliveries = [
             Delivery(self._family_of[stream], stream, entry_id, fields)
             for stream, entries in taken.items()
             for entry_id, fields in entries
         ]
+        marks = {} if deliveries else {s: self.streams.last_id(s) for s in readable}
+        return ReadBatch(deliveries, fenced, marks)
 
-    async def overtaking(
-        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
-    ) -> set[tuple[str, str]]:
+    async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         self._check()
-        first = first_entries(deliveries)
-        now = self.streams.clock_ms()
-        held: set[tuple[str, bytes]] = set()
-        for stream, first_id in first.items():
-            before = StreamEntryId.parse(first_id)
-            try:
-                pending = self.streams.pending(stream, self._group)
-            except NoGroup:
-                continue
-            for entry_id, entry in pending.items():
-                if (
-                    entry.consumer != self._consumer
-                    and now - entry.delivered_ms < max_idle_ms
-                    and StreamEntryId.parse(entry_id) < before
-                ):
-                    job = self.streams.fields(stream, entry_id).get(b"job_id")
-                    if job is not None:
-                        held.add((stream, job))
-        return entries_of_jobs(deliveries, held)
+        await self.streams.wait_for_entries(marks, block_ms / 1000)
 
-    async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
-        self._check()
-        cursors = {s: after.get(s, "0-0") for s in self._family_of}
-        rows = self._retrying_nogroup(
-            lambda: self.streams.read_pending(self._group, self._consumer, cursors, count)
-        )
-        return [
-            Delivery(self._family_of[stream], stream, entry_id, fields, times)
-            for stream, entries in rows.items()
-            for entry_id, fields, times in entries
-        ]
-
-    async def claim_idle(
-        self, stream: str, *, cursor: str, min_idle_ms: int, count: int
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
     ) -> ClaimPage:
         self._check()
+        if not self.streams.lease_table(self._group).holds(stream, token):
+            return ClaimPage([], "0-0", fenced=True)
         family = self._family_of[stream]
         next_cursor, claimed, deleted = self._retrying_nogroup(
             lambda: self.streams.autoclaim(
@@ -132,11 +99,6 @@ class InMemoryEventSource(EventSource):
 
     async def ping(self) -> None:
         self._check()
-
-    def _read_new(self, count: int) -> dict[str, list[tuple[str, dict[bytes, bytes]]]]:
-        return self._retrying_nogroup(
-            lambda: self.streams.read_new(self._group, self._consumer, list(self._family_of), count)
-        )
 
     def _retrying_nogroup(self, call: Callable[[], T]) -> T:
         try:

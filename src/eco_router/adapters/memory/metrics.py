@@ -24,6 +24,10 @@ class InMemoryRouterMetrics(RouterMetrics):
         self.trimmed: Counter[tuple[str, int]] = Counter()
         self.reclaimed_entries: Counter[tuple[str, int]] = Counter()
         self.shards: dict[str, ShardStats] = {}
+        self.held: dict[tuple[str, int], int] = {}
+        self.takeovers: list[tuple[str, int, int]] = []
+        self.leases_lost: Counter[tuple[str, int]] = Counter()
+        self.routers = 0
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self.batches.append(size)
@@ -49,3 +53,18 @@ class InMemoryRouterMetrics(RouterMetrics):
 
     def shard_observed(self, stats: ShardStats) -> None:
         self.shards[stats.stream] = stats
+
+    def shard_held(self, domain: str, shard: int, since_ms: int | None) -> None:
+        if since_ms is None:
+            self.held.pop((domain, shard), None)
+        else:
+            self.held[(domain, shard)] = since_ms
+
+    def taken_over(self, domain: str, shard: int, *, claimed: int, seconds: float) -> None:
+        self.takeovers.append((domain, shard, claimed))
+
+    def lease_lost(self, domain: str, shard: int) -> None:
+        self.leases_lost[(domain, shard)] += 1
+
+    def routers_alive(self, count: int) -> None:
+        self.routers = count

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eco_router.adapters.memory.leases import LeaseTable
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import EncodedEvent, JobView
+from eco_router.application.messages import Applied, EncodedEvent, JobView
 from eco_router.application.ports import Clock, StateStore
 from eco_router.domain.verdict import JobRecord, Judgement, judge
 
@@ -25,20 +26,31 @@ class InMemoryStateStore(StateStore):
     """Snapshots, histories and markers in dicts, with the same TTLs as the Redis store."""
 
     def __init__(
-        self, *, clock: Clock, state_ttl_s: int, markers_ttl_s: int, history_size: int
+        self,
+        *,
+        clock: Clock,
+        leases: LeaseTable,
+        state_ttl_s: int,
+        markers_ttl_s: int,
+        history_size: int,
     ) -> None:
         self.available = True
+        self._leases = leases
         self._clock = clock
         self._state_ttl_ms = state_ttl_s * 1000
         self._markers_ttl_ms = markers_ttl_s * 1000
         self._history_size = history_size
         self._jobs: dict[tuple[str, str], _Job] = {}
 
-    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
         if not self.available:
             raise TransientError("in-memory state store marked unavailable")
-        judgements = []
+        fenced = frozenset(s for s, token in fence.items() if not self._leases.holds(s, token))
+        judgements: list[Judgement | None] = []
         for item in events:
+            if item.event.stream in fenced or item.event.stream not in fence:
+                judgements.append(None)
+                continue
             job = self._job(item.event.domain, item.event.job_id)
             judgement = judge(item.event, JobRecord(job.last_seq, job.applied_by))
             if judgement.apply:
@@ -50,7 +62,7 @@ class InMemoryStateStore(StateStore):
                 job.state_expires_ms = now + self._state_ttl_ms
                 job.markers_expire_ms = now + self._markers_ttl_ms
             judgements.append(judgement)
-        return judgements
+        return Applied(judgements, fenced | {e.event.stream for e in events} - set(fence))
 
     async def view(self, domain: str, job_id: str) -> JobView:
         job = self._job(domain, job_id)

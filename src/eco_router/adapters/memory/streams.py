@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from eco_router.adapters.memory.leases import LeaseTable
 from eco_router.application.ports import Clock
 from eco_router.domain.event import StreamEntryId
 
@@ -49,6 +50,11 @@ class InMemoryStreams:
         self._clock = clock
         self._streams: dict[str, Stream] = {}
         self._appended = asyncio.Event()
+        self._lease_tables: dict[str, LeaseTable] = {}
+
+    def lease_table(self, group: str) -> LeaseTable:
+        """The leases and fencing epochs of `group`, kept beside its streams."""
+        return self._lease_tables.setdefault(group, LeaseTable(self._clock))
 
     def xadd(self, stream: str, fields: Mapping[bytes, bytes] | Mapping[str, str]) -> str:
         """Append an entry with a fresh id; returns the id."""
@@ -111,41 +117,27 @@ class InMemoryStreams:
             if taken:
                 state.last_delivered = StreamEntryId.parse(taken[-1][0])
                 out[name] = taken
-        if not out:
-            self._appended.clear()
         return out
 
-    async def wait_for_append(self, timeout_s: float) -> None:
+    def last_id(self, stream: str) -> str:
+        """The id of the stream's last entry, `0-0` when it has none."""
+        entries = self._streams.get(stream, Stream()).entries
+        return next(reversed(entries), "0-0")
+
+    async def wait_for_entries(self, marks: Mapping[str, str], timeout_s: float) -> None:
+        """Until a stream has an entry after its mark, or `timeout_s` passed."""
         try:
             async with asyncio.timeout(timeout_s):
-                await self._appended.wait()
+                while True:
+                    self._appended.clear()
+                    if any(
+                        _after(self.last_id(stream), StreamEntryId.parse(mark))
+                        for stream, mark in marks.items()
+                    ):
+                        return
+                    await self._appended.wait()
         except TimeoutError:
             return
-
-    def read_pending(
-        self, group: str, consumer: str, after: Mapping[str, str], count: int
-    ) -> dict[str, list[tuple[str, Fields | None, int]]]:
-        out: dict[str, list[tuple[str, Fields | None, int]]] = {}
-        now = self._clock.now_ms()
-        for name, start in after.items():
-            state = self._group(name, group)
-            floor = StreamEntryId.parse(start)
-            mine = sorted(
-                (
-                    i
-                    for i, p in state.pending.items()
-                    if p.consumer == consumer and _after(i, floor)
-                ),
-                key=StreamEntryId.parse,
-            )[:count]
-            rows = []
-            for entry_id in mine:
-                entry = state.pending[entry_id]
-                entry.count += 1
-                entry.delivered_ms = now
-                rows.append((entry_id, self._streams[name].entries.get(entry_id), entry.count))
-            out[name] = rows
-        return out
 
     def autoclaim(
         self, stream: str, group: str, consumer: str, min_idle_ms: int, cursor: str, count: int

@@ -90,6 +90,41 @@ class PrometheusRouterMetrics(RouterMetrics):
             ["domain", "shard"],
             registry=registry,
         )
+        self._held = Gauge(
+            "event_router_shard_held",
+            "1 while this router holds the shard's lease, else 0.",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._held_since = Gauge(
+            "event_router_shard_held_since_seconds",
+            "When this router took the shard's lease (Unix time; 0 when it does not hold it).",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._takeovers = Counter(
+            "event_router_takeovers",
+            "Shards this router took over (it routed what the previous holder left first).",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._takeover_seconds = Histogram(
+            "event_router_takeover_seconds",
+            "From taking a shard's lease to having routed what its previous holder left.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._leases_lost = Counter(
+            "event_router_leases_lost",
+            "Shards another router took while this one still held them (paused, cut off).",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._routers = Gauge(
+            "event_router_routers_alive",
+            "Routers of the group alive at this router's last heartbeat.",
+            registry=registry,
+        )
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
@@ -122,3 +157,17 @@ class PrometheusRouterMetrics(RouterMetrics):
         if stats.lag is not None:
             self._lag.labels(stats.family.domain, shard).set(stats.lag)
         self._pending.labels(stats.family.domain, shard).set(stats.pending)
+
+    def shard_held(self, domain: str, shard: int, since_ms: int | None) -> None:
+        self._held.labels(domain, str(shard)).set(0 if since_ms is None else 1)
+        self._held_since.labels(domain, str(shard)).set(0 if since_ms is None else since_ms / 1000)
+
+    def taken_over(self, domain: str, shard: int, *, claimed: int, seconds: float) -> None:
+        self._takeovers.labels(domain, str(shard)).inc()
+        self._takeover_seconds.observe(seconds)
+
+    def lease_lost(self, domain: str, shard: int) -> None:
+        self._leases_lost.labels(domain, str(shard)).inc()
+
+    def routers_alive(self, count: int) -> None:
+        self._routers.set(count)

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import (
-    ClaimPage,
-    Delivery,
-    ShardStats,
-    entries_of_jobs,
-    first_entries,
-)
+from eco_router.application.messages import ClaimPage, Delivery, ReadBatch, ShardStats
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -35,7 +30,9 @@ class RedisStreamEventSource(EventSource):
         self._group = group
         self._consumer = consumer
         self._family_of = {s: f for f in self._families for s in f.streams}
-        self._older_pending_jobs = redis.register_script(load_lua("older_pending_jobs.lua"))
+        self._keys = GroupKeys(group)
+        self._read_held = redis.register_script(load_lua("read_held.lua"))
+        self._claim_held = redis.register_script(load_lua("claim_held.lua"))
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:
@@ -51,48 +48,51 @@ class RedisStreamEventSource(EventSource):
             if isinstance(reply, ResponseError) and "BUSYGROUP" not in str(reply):
                 raise reply
 
-    async def read_new(self, *, count: int, block_ms: int) -> list[Delivery]:
-        streams = dict.fromkeys(self._family_of, ">")
-        reply = await self._xreadgroup(streams, count=count, block_ms=block_ms)
-        return [d for stream, entries in reply for d in self._deliveries(stream, entries)]
+    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
+        streams = list(tokens)
+        if not streams:
+            return ReadBatch([])
+        keys = [key for s in streams for key in (self._keys.epoch(s), s)]
+        args: list[str | int] = [self._group, self._consumer, count, *tokens.values()]
+        reply = await self._nogroup_retried(
+            "read held shards", lambda: self._read_held(keys=keys, args=args)
+        )
+        deliveries: list[Delivery] = []
+        fenced = []
+        for stream, (status, *entries) in zip(streams, reply, strict=False):
+            if status == 0:
+                fenced.append(stream)
+            elif entries and entries[0]:
+                deliveries += self._deliveries(stream, [_entry(e) for e in entries[0]])
+        marks: dict[str, str] = {}
+        if not deliveries:
+            readable = [s for s in streams if s not in fenced]
+            marks = dict(zip(readable, map(_text, reply[len(streams) :]), strict=True))
+        return ReadBatch(deliveries, frozenset(fenced), marks)
 
-    async def overtaking(
-        self, deliveries: Sequence[Delivery], *, max_idle_ms: int
-    ) -> set[tuple[str, str]]:
-        first = first_entries(deliveries)
-        if not first:
-            return set()
-        streams = list(first)
-        args: list[str | int] = [self._group, self._consumer, max_idle_ms]
-        args += [first[s] for s in streams]
-        with transient_errors("look for older pending entries"):
-            reply = await self._older_pending_jobs(keys=streams, args=args)
-        held = {(s, job) for s, jobs in zip(streams, reply, strict=True) for job in jobs}
-        return entries_of_jobs(deliveries, held)
+    async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
+        if not marks:
+            return
+        with transient_errors("XREAD"):
+            await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
 
-    async def read_own_pending(self, *, after: Mapping[str, str], count: int) -> list[Delivery]:
-        streams = {s: after.get(s, "0-0") for s in self._family_of}
-        reply = await self._xreadgroup(streams, count=count, block_ms=None)
-        deliveries = [d for stream, entries in reply for d in self._deliveries(stream, entries)]
-        return await self._with_delivery_counts(deliveries)
-
-    async def claim_idle(
-        self, stream: str, *, cursor: str, min_idle_ms: int, count: int
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
     ) -> ClaimPage:
-        with transient_errors(f"XAUTOCLAIM {stream}"):
-            try:
-                reply = await self._redis.xautoclaim(
-                    stream, self._group, self._consumer, min_idle_ms, cursor, count=count
-                )
-            except ResponseError as error:
-                if not _is_nogroup(error):
-                    raise
-                await self.prepare()
-                return ClaimPage([], "0-0")
-        next_cursor, entries = reply[0], reply[1]
-        deleted: list[bytes] = reply[2] if len(reply) > 2 else []
-        claimed = await self._with_delivery_counts(self._deliveries(stream, entries))
+        args: list[str | int] = [self._group, self._consumer, token, min_idle_ms, cursor, count]
+        keys = [self._keys.epoch(stream), stream]
+        reply = await self._nogroup_retried(
+            f"claim on {stream}", lambda: self._claim_held(keys=keys, args=args)
+        )
+        if reply is None:
+            return ClaimPage([], "0-0", fenced=True)
+        next_cursor, entries, deleted, counts = reply
         family = self._family_of[stream]
+        found = self._deliveries(stream, [_entry(e) for e in entries])
+        claimed = [
+            dataclasses.replace(d, delivery_count=int(n))
+            for d, n in zip(found, counts, strict=True)
+        ]
         gone = [Delivery(family, stream, _text(i), None) for i in deleted]
         return ClaimPage(claimed + gone, _text(next_cursor))
 
@@ -133,35 +133,16 @@ class RedisStreamEventSource(EventSource):
         with transient_errors("PING streams server"):
             await self._redis.ping()
 
-    async def _xreadgroup(
-        self, streams: dict[str, str], *, count: int, block_ms: int | None
-    ) -> list[tuple[bytes, list[RawEntry]]]:
-        with transient_errors("XREADGROUP"):
+    async def _nogroup_retried(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        with transient_errors(what):
             try:
-                return await self._call_xreadgroup(streams, count=count, block_ms=block_ms)
+                return await call()
             except ResponseError as error:
                 if not _is_nogroup(error):
                     raise
-                # A stream or group deleted under us: re-create and read again.
+                # A stream or group deleted under us: re-create and go on.
                 await self.prepare()
-                return await self._call_xreadgroup(streams, count=count, block_ms=block_ms)
-
-    async def _call_xreadgroup(
-        self, streams: dict[str, str], *, count: int, block_ms: int | None
-    ) -> list[tuple[bytes, list[RawEntry]]]:
-        reply: Any = await self._redis.xreadgroup(
-            self._group,
-            self._consumer,
-            streams,  # type: ignore[arg-type]
-            count=count,
-            # BLOCK 0 waits forever in Redis; the port's 0 means "do not wait".
-            block=block_ms or None,
-        )
-        if not reply:
-            return []
-        if isinstance(reply, dict):  # RESP3 shape
-            return [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
-        return [(stream, entries) for stream, entries in reply]
+                return await call()
 
     def _deliveries(self, stream: bytes | str, entries: Sequence[RawEntry]) -> list[Delivery]:
         name = _text(stream)
@@ -174,29 +155,20 @@ class RedisStreamEventSource(EventSource):
             if entry_id is not None
         ]
 
-    async def _with_delivery_counts(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Attach each entry's delivery count (one pipelined XPENDING per entry, rare path)."""
-        if not deliveries:
-            return deliveries
-        with transient_errors("XPENDING"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for d in deliveries:
-                    pipe.xpending_range(d.stream, self._group, d.entry_id, d.entry_id, 1)
-                replies = await pipe.execute()
-        counted = []
-        for delivery, reply in zip(deliveries, replies, strict=True):
-            times = int(reply[0]["times_delivered"]) if reply else delivery.delivery_count
-            counted.append(dataclasses.replace(delivery, delivery_count=times))
-        return counted
-
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
 def _is_nogroup(error: ResponseError) -> bool:
-    # A read blocked on a stream that gets deleted ends with UNBLOCKED, not NOGROUP.
-    return str(error).startswith(("NOGROUP", "UNBLOCKED"))
+    # Inside a script the error is NOGROUP too, wherever Redis puts the script's name.
+    return "NOGROUP" in str(error)
+
+
+def _entry(raw: list[Any]) -> RawEntry:
+    """A script's [id, [field, value, ...]] entry as redis-py shapes a read's entries."""
+    entry_id, flat = raw
+    return entry_id, dict(zip(flat[::2], flat[1::2], strict=True)) if flat else None
 
 
 def _find_group(reply: object, group: str) -> dict[str, Any] | None:

@@ -20,3 +20,21 @@ class JobKeys:
             history=f"{domain}:history:{job_id}",
             markers=f"{domain}:applied:{job_id}",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKeys:
+    """The keys of a consumer group's coordination: live routers, and per shard its lease
+    and fencing epoch (hash-tagged with the stream's name, so both share its cluster slot)."""
+
+    group: str
+
+    @property
+    def routers(self) -> str:
+        return f"eco-router:{self.group}:routers"
+
+    def lease(self, stream: str) -> str:
+        return f"eco-router:{self.group}:lease:{{{stream}}}"
+
+    def epoch(self, stream: str) -> str:
+        return f"eco-router:{self.group}:epoch:{{{stream}}}"

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from redis.asyncio import Redis
 
 from eco_router.adapters.redis.errors import transient_errors
-from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import EncodedEvent, JobView
+from eco_router.application.messages import Applied, EncodedEvent, JobView
 from eco_router.application.ports import StateStore
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
 
 _JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE, ord("3"): STALE}
 
@@ -23,6 +23,7 @@ class RedisLuaStateStore(StateStore):
         self,
         redis: Redis,
         *,
+        group: str,
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
@@ -30,24 +31,37 @@ class RedisLuaStateStore(StateStore):
         self._redis = redis
         self._script = redis.register_script(load_lua("apply_batch.lua"))
         self._head = [state_ttl_s, markers_ttl_s, history_size]
+        self._group_keys = GroupKeys(group)
 
-    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
-        if not events:
-            return []
-        keys: list[str] = []
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+        shards = list(fence)
+        shard_index = {stream: n for n, stream in enumerate(shards, 1)}
+        unfenced = {e.event.stream for e in events} - set(fence)
+        if not shards:
+            return Applied([None] * len(events), frozenset(unfenced))
+        keys = [self._group_keys.epoch(stream) for stream in shards]
+        job_shards: list[int] = []
         job_index: dict[tuple[str, str], int] = {}
-        args: list[str | int | bytes] = list(self._head)
+        event_args: list[str | int | bytes] = []
         for item in events:
             event = item.event
+            if event.stream not in shard_index:
+                continue
             index = job_index.get(event.job_key)
             if index is None:
                 index = job_index[event.job_key] = len(job_index) + 1
                 job = JobKeys.of(event.domain, event.job_id)
                 keys += (job.state, job.history, job.markers)
-            args += (index, event.seq, event.stream_id, item.payload)
+                job_shards.append(shard_index[event.stream])
+            event_args += (index, event.seq, event.stream_id, item.payload)
+        args = [*self._head, len(shards), *fence.values(), *job_shards, *event_args]
         with transient_errors("apply batch"):
-            codes: bytes = await self._script(keys=keys, args=args)
-        return [_JUDGEMENTS[code] for code in codes]
+            codes, fenced = await self._script(keys=keys, args=args)
+        judged = iter([_JUDGEMENTS.get(code) for code in codes])
+        return Applied(
+            [next(judged) if e.event.stream in shard_index else None for e in events],
+            frozenset(shards[n - 1] for n in fenced) | unfenced,
+        )
 
     async def view(self, domain: str, job_id: str) -> JobView:
         job = JobKeys.of(domain, job_id)

@@ -1,16 +1,33 @@
--- Judge a batch of events and apply the NEW ones, atomically.
--- KEYS: per job, three keys: state, history, applied-markers hash (fields: seq -> id of the
---       entry that applied it, plus "last" -> newest applied seq).
--- ARGV: state_ttl_s, markers_ttl_s, history_size, then per event four values:
---       job index (1-based into the key triples), seq, entry id, payload.
---       A job's events arrive in seq order; jobs may interleave.
--- Returns one character per event: "0" new and applied, "1" new but applied earlier by this
--- same entry (publish again), "2" duplicate, "3" stale.
+-- Judge a batch of events and apply the NEW ones, atomically, on the shards whose fencing
+-- token still holds.
+-- KEYS: the fencing epoch of each shard written, then per job three keys: state, history,
+--       applied-markers hash (fields: seq -> id of the entry that applied it, plus "last" ->
+--       newest applied seq).
+-- ARGV: state_ttl_s, markers_ttl_s, history_size, number of shards, each shard's token,
+--       each job's shard (1-based), then per event four values: job index (1-based into the
+--       key triples), seq, entry id, payload. A job's events arrive in seq order; jobs may
+--       interleave.
+-- Returns {codes, fenced shards}: one character per event, "0" new and applied, "1" new but
+-- applied earlier by this same entry (publish again), "2" duplicate, "3" stale, "4" not
+-- judged (its shard's token is no longer the caller's); and the 1-based indices of those
+-- shards.
 -- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
 -- grow with the number of its events in the batch.
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
+local shards = tonumber(ARGV[4])
+local jobs_at = 4 + shards
+local events_at = jobs_at + (#KEYS - shards) / 3 + 1
+
+local fenced = {}
+local fenced_list = {}
+for shard = 1, shards do
+  if redis.call('GET', KEYS[shard]) ~= ARGV[4 + shard] then
+    fenced[shard] = true
+    fenced_list[#fenced_list + 1] = shard
+  end
+end
 
 -- unpack() is bounded by the Lua stack: spread long argument lists over several calls.
 local CHUNK = 1000
@@ -34,7 +51,7 @@ end
 
 local jobs = {}
 local offsets_of = {}
-for i = 4, #ARGV, 4 do
+for i = events_at, #ARGV, 4 do
   local job = tonumber(ARGV[i])
   local offsets = offsets_of[job]
   if offsets == nil then
@@ -46,9 +63,11 @@ for i = 4, #ARGV, 4 do
 end
 
 local codes = {}
-for _, job in ipairs(jobs) do
-  local offsets = offsets_of[job]
-  local markers = KEYS[job * 3]
+
+-- Judge one job's events (in seq order) and apply the new ones with one call per command.
+local function apply_job(job, offsets)
+  local base = shards + job * 3
+  local markers = KEYS[base]
   local fields = { 'last' }
   for n, i in ipairs(offsets) do
     fields[n + 1] = ARGV[i + 1]
@@ -84,12 +103,12 @@ for _, job in ipairs(jobs) do
       marks[#marks + 1] = seq
       marks[#marks + 1] = entry_id
     end
-    codes[(i - 4) / 4 + 1] = code
+    codes[(i - events_at) / 4 + 1] = code
   end
 
   if #payloads > 0 then
-    local history = KEYS[job * 3 - 1]
-    redis.call('SET', KEYS[job * 3 - 2], payloads[#payloads], 'EX', state_ttl)
+    local history = KEYS[base - 1]
+    redis.call('SET', KEYS[base - 2], payloads[#payloads], 'EX', state_ttl)
     local length = call_chunked('RPUSH', history, payloads)
     if length > history_size then
       redis.call('LTRIM', history, -history_size, -1)
@@ -103,4 +122,15 @@ for _, job in ipairs(jobs) do
   end
 end
 
-return table.concat(codes)
+for _, job in ipairs(jobs) do
+  local offsets = offsets_of[job]
+  if fenced[tonumber(ARGV[jobs_at + job])] then
+    for _, i in ipairs(offsets) do
+      codes[(i - events_at) / 4 + 1] = '4'
+    end
+  else
+    apply_job(job, offsets)
+  end
+end
+
+return { table.concat(codes), fenced_list }

@@ -1,0 +1,105 @@
+"""The shards this router holds: fencing token and phase, shared by the lease keeper and loops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from eco_router.application.messages import Delivery
+
+
+class Phase(Enum):
+    """Where a held shard is in its life with this router."""
+
+    TAKING_OVER = "taking over"  # routing what earlier holders left pending, before new entries
+    READING = "reading"
+    RELEASING = "releasing"  # read no more; given up once nothing of it is in hand
+
+
+@dataclass(slots=True)
+class HeldShard:
+    """One held shard; `cursor` is where the take-over's claim goes on."""
+
+    token: int
+    since_ms: int
+    acquired_s: float
+    phase: Phase = Phase.TAKING_OVER
+    cursor: str = "0-0"
+    claimed: int = 0
+
+
+class HeldShards:
+    """What the lease keeper won and the consumer works on.
+
+    The keeper gains, releases and loses shards; the consumer reads only `READING` shards,
+    first finishing each gained shard's take-over, and reports what it has in hand (read but
+    not settled), so a shard is given up only once drained. `changed` wakes the consumer.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, HeldShard] = {}
+        self._in_hand: Counter[str] = Counter()
+        self.changed = asyncio.Event()
+
+    def __contains__(self, stream: object) -> bool:
+        return stream in self._held
+
+    def get(self, stream: str) -> HeldShard | None:
+        return self._held.get(stream)
+
+    def tokens(self, phases: Iterable[Phase] = tuple(Phase)) -> dict[str, int]:
+        """Stream → fencing token of the shards in `phases`."""
+        wanted = set(phases)
+        return {s: h.token for s, h in self._held.items() if h.phase in wanted}
+
+    def taking_over(self) -> list[str]:
+        return [s for s, h in self._held.items() if h.phase is Phase.TAKING_OVER]
+
+    def gain(self, stream: str, token: int, *, since_ms: int, now_s: float) -> None:
+        self._held[stream] = HeldShard(token, since_ms, now_s)
+        self.changed.set()
+
+    def took_over(self, stream: str) -> HeldShard | None:
+        """The take-over is complete: new entries may be read."""
+        held = self._held.get(stream)
+        if held is not None and held.phase is Phase.TAKING_OVER:
+            held.phase = Phase.READING
+            self.changed.set()
+        return held
+
+    def start_release(self, stream: str) -> None:
+        held = self._held.get(stream)
+        if held is not None:
+            held.phase = Phase.RELEASING
+            self.changed.set()
+
+    def lose(self, stream: str) -> HeldShard | None:
+        """Forget the shard (released, or taken by another router)."""
+        held = self._held.pop(stream, None)
+        if held is not None:
+            self.changed.set()
+        return held
+
+    def streams(self) -> list[str]:
+        return list(self._held)
+
+    def picked_up(self, streams: Iterable[str]) -> None:
+        """Entries of these streams are in hand (a read in flight counts one per stream)."""
+        self._in_hand.update(streams)
+
+    def put_down(self, streams: Iterable[str]) -> None:
+        """Entries of these streams are settled, dropped or were never there."""
+        self._in_hand.subtract(streams)
+
+    def drained(self) -> list[str]:
+        """The releasing shards with nothing in hand: safe to give up."""
+        return [
+            s for s, h in self._held.items() if h.phase is Phase.RELEASING and self._in_hand[s] <= 0
+        ]
+
+
+def streams_of(deliveries: Iterable[Delivery]) -> list[str]:
+    return [d.stream for d in deliveries]
