@@ -156,9 +156,12 @@ class Harness:
     def lease_store(self) -> InMemoryLeaseStore:
         return InMemoryLeaseStore(self.leases, ttl_ms=LEASE_TTL_MS)
 
-    def lease_keeper(self, router: str, held: HeldShards) -> KeepLeases:
+    def lease_keeper(
+        self, router: str, held: HeldShards, leases: InMemoryLeaseStore | None = None
+    ) -> KeepLeases:
+        """`router`'s lease keeper on the harness's table, through its own store by default."""
         return KeepLeases(
-            leases=self.lease_store(),
+            leases=leases or self.lease_store(),
             held=held,
             router=router,
             families=[self.family],
