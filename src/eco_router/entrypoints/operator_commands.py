@@ -13,11 +13,13 @@ import orjson
 from redis.asyncio import Redis
 
 from eco_router.adapters.progress_entries import ProducerConfig
-from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.connection import open_redis, redacted
 from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
+from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
+from eco_router.application.errors import TransientError
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.settings import Settings
@@ -43,9 +45,18 @@ def producer_config(settings: Settings, domain: str, stages: str | None) -> Prod
 
 @asynccontextmanager
 async def streams_client(settings: Settings) -> AsyncIterator[Redis]:
+    """A client of the streams server that answered PING; one clear error when it cannot."""
+    url = settings.redis_streams_url
     async with open_redis(
-        settings.redis_streams_url, socket_timeout_s=10.0, client_name="eco-router-cli"
+        url, socket_timeout_s=10.0, client_name="eco-router-cli", ping=False
     ) as client:
+        try:
+            await client.ping()
+        except TRANSIENT_REDIS_ERRORS as error:
+            where = f"{redacted(url)} (REDIS_STREAMS_URL)"
+            raise TransientError(
+                f"cannot connect to the streams server at {where}: {error}"
+            ) from error
         yield client
 
 
