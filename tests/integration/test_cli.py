@@ -6,20 +6,28 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import subprocess
 
 import pytest
 from redis.asyncio import Redis
 
+from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.producer import AsyncStreamPublisher, producer_config
 from eco_router.testing import RedisServer
 from tests.integration.support import (
+    ALL_STREAMS,
+    FAMILIES,
+    GROUP,
     SCAN,
     WorkerProcess,
     Workers,
+    add_event,
     add_raw,
     eventually,
+    job_in_shard,
     job_state,
+    pending_count,
     worker_env,
 )
 
@@ -388,3 +396,115 @@ class TestDeadLetters:
         assert "no dead letter 1-1 in scan:events:dlq" in done.stderr
         assert await all_entries(streams_redis) == before
         assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
+
+
+async def holders(redis: Redis) -> dict[str, str]:
+    """Stream → holder of every live shard lease of the group."""
+    view = await RedisLeaseStore(redis, families=FAMILIES, group=GROUP, ttl_ms=4000).view()
+    return view.owners()
+
+
+async def held_by(redis: Redis, name: str) -> bool:
+    return await holders(redis) == dict.fromkeys(ALL_STREAMS, name)
+
+
+def shard_rows(stdout: str) -> dict[str, list[str]]:
+    """The shard table of `status`: stream → its other columns, split on runs of spaces."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] in ALL_STREAMS:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+class TestStatus:
+    async def test_status_shows_the_worker_holding_every_shard_with_lag_and_pending(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        worker = await workers.start()
+        await eventually(lambda: held_by(streams_redis, worker.name), what="every shard held")
+        for n in range(5):
+            await add_event(streams_redis, f"job-{n}", 1, stage="vision", status="started")
+        await eventually(lambda: job_state(streams_redis, "job-4"), what="job-4 routed")
+        await eventually(lambda: _no_pending(streams_redis), what="every routed entry acked")
+
+        text = await eco_router(env, "status")
+        as_json = await eco_router(env, "status", "--json")
+
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert lines[0] == (f"group {GROUP}: 1 router alive, 6/6 shards held, lag 0, pending 0")
+        assert re.search(rf"^{worker.name}\s+[0-9.]+ (ms|s)\s+6$", text.stdout, re.MULTILINE)
+        rows = shard_rows(text.stdout)
+        assert list(rows) == list(ALL_STREAMS)
+        for holder, since, token, lag, pending in rows.values():
+            assert holder == worker.name
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(.+ ago\)", since)
+            assert (token, lag, pending) == ("1", "0", "0")
+
+        assert as_json.returncode == 0, as_json.stderr
+        shown = json.loads(as_json.stdout)
+        assert shown["group"] == GROUP
+        [router] = shown["routers"]
+        assert router["name"] == worker.name
+        assert 0 < router["lease_expires_in_ms"] <= 4000
+        assert router["shards"] == len(ALL_STREAMS)
+        assert [s["stream"] for s in shown["shards"]] == list(ALL_STREAMS)
+        for shard in shown["shards"]:
+            assert shard["holder"] == worker.name
+            assert shard["token"] == 1
+            assert 0 <= shard["held_for_ms"] == shown["now_ms"] - shard["since_ms"]
+            assert 0 < shard["lease_expires_in_ms"] <= 4000
+            assert (shard["lag"], shard["pending"]) == (0, 0)
+
+    async def test_after_the_worker_stops_no_shard_has_a_holder(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        worker = await workers.start()
+        await eventually(lambda: held_by(streams_redis, worker.name), what="every shard held")
+        worker.terminate()
+        assert await worker.wait_exit() == 0
+        # Waiting while no router runs: three new entries, one of them read by a consumer
+        # that never acks it.
+        job = job_in_shard(SCAN, 1, "late")
+        for seq in range(3):
+            await add_event(streams_redis, job, seq)
+        await streams_redis.xreadgroup(GROUP, "gone", {SCAN.streams[1]: ">"}, count=1)
+
+        text = await eco_router(env, "status")
+        as_json = await eco_router(env, "status", "--json")
+
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert lines[0] == f"group {GROUP}: 0 routers alive, 0/6 shards held, lag 2, pending 1"
+        assert "no router alive" in lines
+        rows = shard_rows(text.stdout)
+        assert rows[SCAN.streams[1]] == ["-", "-", "-", "2", "1"]
+        assert all(row[0] == "-" for row in rows.values())
+
+        shown = json.loads(as_json.stdout)
+        assert shown["routers"] == []
+        assert all(s["holder"] is None and s["token"] is None for s in shown["shards"])
+        by_stream = {s["stream"]: s for s in shown["shards"]}
+        assert (by_stream[SCAN.streams[1]]["lag"], by_stream[SCAN.streams[1]]["pending"]) == (2, 1)
+
+    async def test_an_unreachable_streams_server_is_one_line_and_exit_1(
+        self, env: dict[str, str]
+    ) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"redis://127.0.0.1:{port}/0"
+
+        done = await eco_router({**env, "REDIS_STREAMS_URL": url}, "status")
+
+        assert done.returncode == 1
+        assert done.stdout == ""
+        [line] = done.stderr.strip().splitlines()
+        assert f"cannot connect to the streams server at {url} (REDIS_STREAMS_URL)" in line
+        assert "Traceback" not in done.stderr
+
+
+async def _no_pending(redis: Redis) -> bool:
+    return await pending_count(redis) == 0

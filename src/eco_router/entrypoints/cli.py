@@ -127,6 +127,11 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
     replay.add_argument("--all", action="store_true", dest="replay_all")
     replay.add_argument("--domain", default="scan")
 
+    status = commands.add_parser(
+        "status", help="show the live routers and each shard's holder, lag and pending"
+    )
+    status.add_argument("--json", action="store_true", dest="as_json")
+
 
 async def _operator_command(settings: Settings, args: argparse.Namespace) -> int:
     out = sys.stdout
@@ -156,6 +161,8 @@ async def _operator_command(settings: Settings, args: argparse.Namespace) -> int
         return await commands.state(
             settings, domain=args.domain, job=args.job, as_json=args.as_json, out=out
         )
+    if args.command == "status":
+        return await commands.status(settings, as_json=args.as_json, out=out)
     if args.dlq_command == "list":
         return await commands.dlq_list(settings, domain=args.domain, count=args.count, out=out)
     return await commands.dlq_replay(

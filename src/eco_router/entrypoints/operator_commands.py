@@ -1,12 +1,13 @@
-"""The operator subcommands: publish, demo, state and dlq."""
+"""The operator subcommands: publish, demo, state, dlq and status."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
@@ -16,10 +17,13 @@ from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.connection import open_redis, redacted
 from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
 from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
+from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
 from eco_router.application.errors import TransientError
+from eco_router.application.messages import GroupView, ShardStats
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.settings import Settings
@@ -173,6 +177,131 @@ async def dlq_replay(
         print(f"{item.dlq_id} -> {item.stream} {item.new_id}", file=out)
     print(f"replayed {len(replayed)} dead letters", file=out)
     return 0
+
+
+async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
+    """The live routers and, per shard, its holder, lease and the group's lag and pending."""
+    async with streams_client(settings) as client:
+        leases = RedisLeaseStore(
+            client,
+            families=settings.streams,
+            group=settings.consumer_group,
+            ttl_ms=settings.lease_ttl_ms,
+        )
+        source = RedisStreamEventSource(
+            client,
+            families=settings.streams,
+            group=settings.consumer_group,
+            consumer="eco-router-cli",
+        )
+        view = await leases.view()
+        stats = await source.shard_stats()
+    report = _status_report(settings.consumer_group, view, stats)
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False), file=out)
+    else:
+        for line in _status_lines(report):
+            print(line, file=out)
+    return 0
+
+
+def _status_report(group: str, view: GroupView, stats: Sequence[ShardStats]) -> dict[str, Any]:
+    """The status as plain values (what --json prints); times in ms on the server's clock."""
+    now = view.now_ms
+    shards = []
+    for stat in stats:
+        lease = view.leases.get(stat.stream)
+        shards.append(
+            {
+                "stream": stat.stream,
+                "domain": stat.family.domain,
+                "shard": stat.shard,
+                "holder": lease.owner if lease else None,
+                "since_ms": lease.since_ms if lease else None,
+                "held_for_ms": max(now - lease.since_ms, 0) if lease else None,
+                "token": lease.token if lease else None,
+                "lease_expires_in_ms": max(lease.expires_ms - now, 0) if lease else None,
+                "lag": stat.lag,
+                "pending": stat.pending,
+            }
+        )
+    routers = [
+        {
+            "name": name,
+            "lease_expires_in_ms": max(expires_ms - now, 0),
+            "shards": sum(1 for s in shards if s["holder"] == name),
+        }
+        for name, expires_ms in sorted(view.routers.items())
+    ]
+    return {"group": group, "now_ms": now, "routers": routers, "shards": shards}
+
+
+def _status_lines(report: dict[str, Any]) -> list[str]:
+    routers, shards = report["routers"], report["shards"]
+    held = sum(1 for s in shards if s["holder"] is not None)
+    lag = str(sum(s["lag"] or 0 for s in shards))
+    unknown = sum(1 for s in shards if s["lag"] is None)
+    if unknown:
+        lag += f" ({unknown} shard{'s' if unknown != 1 else ''} unknown)"
+    pending = sum(s["pending"] for s in shards)
+    alive = f"{len(routers)} router{'s' if len(routers) != 1 else ''} alive"
+    lines = [
+        f"group {report['group']}: {alive}, {held}/{len(shards)} shards held, "
+        f"lag {lag}, pending {pending}",
+        "",
+    ]
+    if routers:
+        lines += _table(
+            ["ROUTER", "LEASE EXPIRES IN", "SHARDS"],
+            [[r["name"], _duration(r["lease_expires_in_ms"]), r["shards"]] for r in routers],
+        )
+    else:
+        lines.append("no router alive")
+    lines.append("")
+    rows = []
+    for s in shards:
+        since = "-"
+        if s["since_ms"] is not None:
+            started = datetime.fromtimestamp(s["since_ms"] / 1000, tz=UTC)
+            since = f"{started:%Y-%m-%d %H:%M:%S}Z ({_duration(s['held_for_ms'])} ago)"
+        rows.append([s["stream"], s["holder"] or "-", since, s["token"], s["lag"], s["pending"]])
+    lines += _table(["SHARD", "HOLDER", "SINCE", "TOKEN", "LAG", "PENDING"], rows)
+    return lines
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """Aligned columns: numbers to the right, text to the left, None as '-'."""
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    numeric = [
+        all(isinstance(row[i], int) or row[i] is None for row in rows) for i in range(len(header))
+    ]
+    return [
+        "  ".join(
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, right in zip(row, widths, numeric, strict=True)
+        ).rstrip()
+        for row in cells
+    ]
+
+
+def _duration(ms: int) -> str:
+    """A short human duration: 850 ms, 3.2 s, 42 s, 5m 03s, 2h 05m, 3d 04h."""
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 10_000:
+        return f"{ms / 1000:.1f} s"
+    seconds = ms // 1000
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
 
 
 def _stop_on_signals() -> asyncio.Event:
