@@ -194,6 +194,19 @@ class EventSourceContract:
         assert batch.fenced == frozenset()
         assert batch.marks == {SCAN_0: last, SCAN_1: "0-0", CHAT_0: "0-0"}
 
+    async def test_a_read_that_drains_every_shard_gives_marks_one_that_does_not_none(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 3)
+
+        partial = await source.read_new(TOKENS, count=2)
+        rest = await source.read_new(TOKENS, count=2)
+
+        assert (ids(partial.deliveries), partial.marks) == (written[:2], {})
+        assert ids(rest.deliveries) == written[2:]
+        assert rest.marks == {SCAN_0: written[2], SCAN_1: "0-0", CHAT_0: "0-0"}
+
     async def test_a_shard_whose_token_moved_on_is_fenced_and_not_read(self) -> None:
         source = await self.prepared_source()
         await self.append_many(SCAN_0, 2)
