@@ -38,9 +38,11 @@ def assign(
 
     - Every router gets ⌊shards/routers⌋ or one more; routers beyond the shard count get none
       (standbys).
-    - The larger shares go to the routers holding the most shards now (ties by name), and a
-      router keeps the shards it holds up to its share (in shard order), so a change of
-      membership moves as few shards as it can.
+    - The larger shares go to the routers holding the most shards now, counted up to a
+      larger share (ties by name), and a router keeps the shards it holds up to its share (in
+      shard order), so a change of membership moves as few shards as it can. Counting beyond
+      a larger share would let the ranking change while routers are still giving shards up,
+      telling a router to keep a shard it has started handing over.
     - The remaining shards go, in shard order, to the routers with room, in name order.
     - Owners count as live routers even when missing from `routers` (their lease is live).
     """
@@ -49,7 +51,7 @@ def assign(
         return {}
     held = Counter(owners[s] for s in shards if s in owners)
     base, extra = divmod(len(shards), len(members))
-    ranked = sorted(members, key=lambda r: (-held[r], r))
+    ranked = sorted(members, key=lambda r: (-min(held[r], base + 1), r))
     quota = {r: base + (1 if i < extra else 0) for i, r in enumerate(ranked)}
     target: dict[str, str] = {}
     load: Counter[str] = Counter()
