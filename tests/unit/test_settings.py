@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from eco_router.domain.streams import StreamFamily
-from eco_router.entrypoints.cli import main
+from eco_router.entrypoints.cli import log_start, main
 from eco_router.entrypoints.settings import ConfigError, load_settings
 
 ENV_PREFIXES = ("EVENT_ROUTER_", "REDIS_STREAMS_URL", "REDIS_PUBSUB_URL", "POD_NAME")
@@ -105,3 +107,21 @@ class TestErrors:
         with pytest.raises(SystemExit) as exit_info:
             main(["serve", "--port", "http"])
         assert exit_info.value.code == 2
+
+
+class TestRetiredSettings:
+    def test_order_wait_ms_still_loads_and_the_start_line_says_it_is_unused(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        settings = load_settings(order_wait_ms=1000)
+
+        with caplog.at_level(logging.WARNING):
+            log_start("worker", settings)
+
+        assert "EVENT_ROUTER_ORDER_WAIT_MS is no longer used" in caplog.text
+
+    def test_without_it_nothing_is_said(self, caplog: pytest.LogCaptureFixture) -> None:
+        with caplog.at_level(logging.WARNING):
+            log_start("worker", load_settings())
+
+        assert caplog.text == ""

@@ -193,7 +193,7 @@ def _port(text: str) -> int:
 
 
 def _worker(settings: Settings) -> int:
-    _log_start("worker", settings)
+    log_start("worker", settings)
     container = build_container(settings)
 
     async def run() -> None:
@@ -214,7 +214,7 @@ def _serve(
     if in_memory:
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
-        _log_start("serve", settings)
+        log_start("serve", settings)
     if not route:
         log.info("serving SSE only: events are routed by eco-router worker processes")
     container = build_container(settings, in_memory=in_memory, route=route)
@@ -265,7 +265,7 @@ class _GatewayServer(uvicorn.Server):
                     signal.signal(sig, handler)
 
 
-def _log_start(command: str, settings: Settings) -> None:
+def log_start(command: str, settings: Settings) -> None:
     log.info(
         "%s: streams %s, pubsub %s, families %s, group %s, consumer %s",
         command,
@@ -275,6 +275,11 @@ def _log_start(command: str, settings: Settings) -> None:
         settings.consumer_group,
         settings.consumer_name,
     )
+    if settings.order_wait_ms is not None:
+        log.warning(
+            "EVENT_ROUTER_ORDER_WAIT_MS is no longer used: each shard has one holder at a "
+            "time (leases), which keeps every job's events in stream order"
+        )
 
 
 if __name__ == "__main__":
