@@ -1,4 +1,4 @@
-"""The `EventSource` contract: consumer-group reading, pending entries, claiming, recovery."""
+"""The `EventSource` contract: fenced consumer-group reading, waiting, claiming, recovery."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from tests.contracts.factories import CHAT, GROUP, SCAN
 SCAN_0, SCAN_1 = SCAN.streams
 CHAT_0 = CHAT.streams[0]
 IDLE_MS = 50
+# Every shard's fencing epoch as each test starts: a source reading with these holds them all.
+TOKENS = {SCAN_0: 1, SCAN_1: 1, CHAT_0: 1}
 
 
 def fields_of(n: int, job_id: str = "job-1") -> dict[bytes, bytes]:
@@ -60,6 +62,15 @@ class EventSourceContract:
         """Make the streams server unreachable for `source`."""
         raise NotImplementedError
 
+    async def set_epoch(self, stream: str, token: int) -> None:
+        """Set the shard's fencing epoch, as the lease store does when a router takes it."""
+        raise NotImplementedError
+
+    @pytest.fixture(autouse=True)
+    async def _tokens(self, _backend: None) -> None:
+        for stream, token in TOKENS.items():
+            await self.set_epoch(stream, token)
+
     async def prepared_source(self, consumer: str = "consumer-a") -> EventSource:
         source = await self.make_source(consumer=consumer)
         await source.prepare()
@@ -69,7 +80,16 @@ class EventSourceContract:
         return [await self.append(stream, fields_of(n)) for n in range(1, count + 1)]
 
     async def read_all(self, source: EventSource, count: int = 100) -> list[Delivery]:
-        return await source.read_new(count=count, block_ms=0)
+        return (await source.read_new(TOKENS, count=count)).deliveries
+
+    async def claim_all(
+        self, source: EventSource, stream: str, *, min_idle_ms: int = 0, count: int = 100
+    ) -> list[Delivery]:
+        """One claim page of `stream` under its token (a take-over when `min_idle_ms` is 0)."""
+        page = await source.claim(
+            stream, token=TOKENS[stream], cursor="0-0", min_idle_ms=min_idle_ms, count=count
+        )
+        return page.deliveries
 
     # prepare
 
@@ -108,7 +128,7 @@ class EventSourceContract:
 
         assert await self.read_all(source) == []
         assert stats_of(await source.shard_stats(), SCAN_0).pending == 1
-        assert ids(await source.read_own_pending(after={}, count=10)) == [first]
+        assert ids(await self.claim_all(source, SCAN_0)) == [first]
 
     # read_new
 
@@ -141,35 +161,63 @@ class EventSourceContract:
         assert ids(await self.read_all(first)) == written
         assert await self.read_all(first) == []
         assert await self.read_all(second) == []
-        assert ids(await self.read_all(other_group)) == written
+        # Nobody ever took the other group's shards: their epoch is 0.
+        never_taken = dict.fromkeys(TOKENS, 0)
+        assert ids((await other_group.read_new(never_taken, count=10)).deliveries) == written
 
     async def test_read_new_takes_at_most_count_entries_per_shard(self) -> None:
         source = await self.prepared_source()
         written = await self.append_many(SCAN_0, 3)
 
-        assert ids(await source.read_new(count=2, block_ms=0)) == written[:2]
-        assert ids(await source.read_new(count=2, block_ms=0)) == written[2:]
+        assert ids(await self.read_all(source, count=2)) == written[:2]
+        assert ids(await self.read_all(source, count=2)) == written[2:]
 
-    async def test_read_new_without_block_returns_at_once_when_nothing_is_new(self) -> None:
+    async def test_read_new_reads_only_the_shards_given(self) -> None:
         source = await self.prepared_source()
+        [scan] = await self.append_many(SCAN_0, 1)
+        await self.append(CHAT_0, fields_of(1, "chat-job"))
+
+        batch = await source.read_new({SCAN_0: 1}, count=10)
+
+        assert ids(batch.deliveries) == [scan]
+        assert stats_of(await source.shard_stats(), CHAT_0).lag == 1
+
+    async def test_read_new_returns_at_once_with_marks_when_nothing_is_new(self) -> None:
+        source = await self.prepared_source()
+        [last] = await self.append_many(SCAN_0, 1)
+        await self.read_all(source)
 
         async with asyncio.timeout(5):
-            assert await source.read_new(count=10, block_ms=0) == []
+            batch = await source.read_new(TOKENS, count=10)
 
-    async def test_read_new_returns_nothing_after_the_block_when_nothing_arrives(self) -> None:
+        assert batch.deliveries == []
+        assert batch.fenced == frozenset()
+        assert batch.marks == {SCAN_0: last, SCAN_1: "0-0", CHAT_0: "0-0"}
+
+    async def test_a_read_that_drains_every_shard_gives_marks_one_that_does_not_none(
+        self,
+    ) -> None:
         source = await self.prepared_source()
+        written = await self.append_many(SCAN_0, 3)
 
-        assert await source.read_new(count=10, block_ms=50) == []
+        partial = await source.read_new(TOKENS, count=2)
+        rest = await source.read_new(TOKENS, count=2)
 
-    async def test_a_blocked_read_new_returns_an_entry_appended_meanwhile(self) -> None:
+        assert (ids(partial.deliveries), partial.marks) == (written[:2], {})
+        assert ids(rest.deliveries) == written[2:]
+        assert rest.marks == {SCAN_0: written[2], SCAN_1: "0-0", CHAT_0: "0-0"}
+
+    async def test_a_shard_whose_token_moved_on_is_fenced_and_not_read(self) -> None:
         source = await self.prepared_source()
-        read = asyncio.ensure_future(source.read_new(count=10, block_ms=5000))
-        await asyncio.sleep(0.05)
+        await self.append_many(SCAN_0, 2)
+        [chat] = await self.append_many(CHAT_0, 1)
+        await self.set_epoch(SCAN_0, 2)  # another router took the shard
 
-        written = await self.append(SCAN_1, fields_of(1))
+        batch = await source.read_new(TOKENS, count=10)
 
-        async with asyncio.timeout(5):
-            assert ids(await read) == [written]
+        assert batch.fenced == {SCAN_0}
+        assert ids(batch.deliveries) == [chat]
+        assert stats_of(await source.shard_stats(), SCAN_0).lag == 2
 
     async def test_read_new_recovers_from_a_deleted_stream_by_recreating_the_group(
         self,
@@ -194,7 +242,39 @@ class EventSourceContract:
         assert await self.read_all(source) == []
         assert stats_of(await source.shard_stats(), CHAT_0).lag == 0
 
-    # pending list, ack, read_own_pending
+    # wait_for_new
+
+    async def test_wait_for_new_returns_when_an_entry_is_appended_after_a_mark(self) -> None:
+        source = await self.prepared_source()
+        marks = (await source.read_new(TOKENS, count=10)).marks
+        waiting = asyncio.ensure_future(source.wait_for_new(marks, block_ms=5000))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+
+        await self.append(SCAN_1, fields_of(1))
+
+        async with asyncio.timeout(5):
+            await waiting
+        assert stats_of(await source.shard_stats(), SCAN_1).lag == 1  # nothing was read
+
+    async def test_wait_for_new_returns_at_once_for_an_entry_already_after_its_mark(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        marks = (await source.read_new(TOKENS, count=10)).marks
+        await self.append(CHAT_0, fields_of(1, "chat-job"))
+
+        async with asyncio.timeout(2):
+            await source.wait_for_new(marks, block_ms=5000)
+
+    async def test_wait_for_new_returns_after_the_block_when_nothing_arrives(self) -> None:
+        source = await self.prepared_source()
+        marks = (await source.read_new(TOKENS, count=10)).marks
+
+        async with asyncio.timeout(5):
+            await source.wait_for_new(marks, block_ms=50)
+
+    # pending list, ack
 
     async def test_entries_read_but_not_acked_are_pending(self) -> None:
         source = await self.prepared_source()
@@ -202,7 +282,7 @@ class EventSourceContract:
         await self.read_all(source)
 
         assert stats_of(await source.shard_stats(), SCAN_0).pending == 2
-        assert ids(await source.read_own_pending(after={}, count=10)) == written
+        assert ids(await self.claim_all(source, SCAN_0)) == written
 
     async def test_ack_removes_entries_from_the_pending_list(self) -> None:
         source = await self.prepared_source()
@@ -215,7 +295,7 @@ class EventSourceContract:
 
         stats = await source.shard_stats()
         assert [(s.stream, s.pending) for s in stats] == [(SCAN_0, 1), (SCAN_1, 0), (CHAT_0, 0)]
-        assert ids(await source.read_own_pending(after={}, count=10)) == [kept.entry_id]
+        assert ids(await self.claim_all(source, SCAN_0)) == [kept.entry_id]
 
     async def test_ack_of_nothing_and_of_a_deleted_stream_is_harmless(self) -> None:
         source = await self.prepared_source()
@@ -226,107 +306,75 @@ class EventSourceContract:
         await source.ack([])
         await source.ack(deliveries)
 
-        assert await source.read_own_pending(after={}, count=10) == []
+        assert await self.claim_all(source, SCAN_1) == []
 
-    async def test_read_own_pending_redelivers_with_an_incremented_delivery_count(self) -> None:
-        source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 2)
-        await self.read_all(source)
+    # claim
 
-        again = await source.read_own_pending(after={}, count=10)
-        third = await source.read_own_pending(after={}, count=10)
+    async def test_a_take_over_claims_every_pending_entry_with_its_delivery_count(
+        self,
+    ) -> None:
+        crashed = await self.prepared_source("consumer-a")
+        heir = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_1, 2)
+        await self.read_all(crashed)
+
+        again = await self.claim_all(heir, SCAN_1)
+        third = await self.claim_all(heir, SCAN_1)
 
         assert [(d.entry_id, d.delivery_count) for d in again] == [(i, 2) for i in written]
         assert [(d.entry_id, d.delivery_count) for d in third] == [(i, 3) for i in written]
         assert [d.fields for d in third] == [fields_of(1), fields_of(2)]
-        assert {(d.family, d.stream) for d in third} == {(SCAN, SCAN_0)}
+        assert {(d.family, d.stream) for d in third} == {(SCAN, SCAN_1)}
+        assert await self.claim_all(crashed, SCAN_0) == []
 
-    async def test_read_own_pending_returns_only_this_consumers_entries(self) -> None:
-        mine = await self.prepared_source("consumer-a")
-        theirs = await self.prepared_source("consumer-b")
-        [my_entry] = await self.append_many(SCAN_0, 1)
-        await self.read_all(mine)
-        their_entry = await self.append(SCAN_0, fields_of(2))
-        await self.read_all(theirs)
-
-        assert ids(await mine.read_own_pending(after={}, count=10)) == [my_entry]
-        assert ids(await theirs.read_own_pending(after={}, count=10)) == [their_entry]
-
-    async def test_read_own_pending_starts_after_the_given_ids(self) -> None:
-        source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 3)
-        chat = await self.append(CHAT_0, fields_of(1, "chat-job"))
-        await self.read_all(source)
-
-        later = await source.read_own_pending(after={SCAN_0: written[0], CHAT_0: chat}, count=10)
-
-        assert ids(later) == written[1:]
-
-    async def test_read_own_pending_takes_at_most_count_entries_per_shard(self) -> None:
-        source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 3)
-        await self.read_all(source)
-
-        page = await source.read_own_pending(after={}, count=2)
-        rest = await source.read_own_pending(after={SCAN_0: page[-1].entry_id}, count=2)
-
-        assert ids(page) == written[:2]
-        assert ids(rest) == written[2:]
-
-    async def test_read_own_pending_yields_no_fields_for_an_entry_deleted_while_pending(
-        self,
-    ) -> None:
-        source = await self.prepared_source()
-        kept, deleted = await self.append_many(SCAN_0, 2)
-        await self.read_all(source)
-        await self.delete_entry(SCAN_0, deleted)
-
-        pending = await source.read_own_pending(after={}, count=10)
-
-        assert [(d.entry_id, d.gone) for d in pending] == [(kept, False), (deleted, True)]
-        assert pending[1].fields is None
-        assert pending[1].stream == SCAN_0
-
-    async def test_read_own_pending_is_empty_when_everything_was_acked(self) -> None:
-        source = await self.prepared_source()
-        await self.append_many(CHAT_0, 2)
-        await source.ack(await self.read_all(source))
-
-        assert await source.read_own_pending(after={}, count=10) == []
-
-    # claim_idle
-
-    async def test_claim_idle_takes_idle_entries_from_another_consumer(self) -> None:
+    async def test_claim_takes_idle_entries_from_another_consumer(self) -> None:
         crashed = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
         written = await self.append_many(SCAN_1, 2)
         await self.read_all(crashed)
         await self.let_time_pass(IDLE_MS + 20)
 
-        page = await rescuer.claim_idle(SCAN_1, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
+        page = await rescuer.claim(SCAN_1, token=1, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
 
         assert page.wrapped
+        assert not page.fenced
         assert [(d.entry_id, d.delivery_count) for d in page.deliveries] == [
             (i, 2) for i in written
         ]
         assert [d.fields for d in page.deliveries] == [fields_of(1), fields_of(2)]
         assert {(d.family, d.stream) for d in page.deliveries} == {(SCAN, SCAN_1)}
-        assert ids(await rescuer.read_own_pending(after={}, count=10)) == written
-        assert await crashed.read_own_pending(after={}, count=10) == []
 
-    async def test_claim_idle_leaves_entries_that_are_not_idle_long_enough(self) -> None:
+    async def test_claim_leaves_entries_that_are_not_idle_long_enough(self) -> None:
         busy = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
         written = await self.append_many(SCAN_0, 2)
         await self.read_all(busy)
 
-        page = await rescuer.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=60_000, count=10)
+        page = await rescuer.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=60_000, count=10)
 
         assert page.deliveries == []
         assert page.wrapped
-        assert ids(await busy.read_own_pending(after={}, count=10)) == written
+        assert ids(await self.claim_all(busy, SCAN_0)) == written
 
-    async def test_claim_idle_returns_entries_deleted_while_pending_without_fields(
+    async def test_claim_under_a_token_that_moved_on_is_fenced_and_takes_nothing(
+        self,
+    ) -> None:
+        holder = await self.prepared_source("consumer-a")
+        stale = await self.prepared_source("consumer-b")
+        written = await self.append_many(SCAN_0, 2)
+        await self.read_all(holder)
+        await self.set_epoch(SCAN_0, 2)
+
+        page = await stale.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
+
+        assert page.fenced
+        assert page.deliveries == []
+        new_holder = await holder.claim(SCAN_0, token=2, cursor="0-0", min_idle_ms=0, count=10)
+        assert [(d.entry_id, d.delivery_count) for d in new_holder.deliveries] == [
+            (i, 2) for i in written
+        ]
+
+    async def test_claim_returns_entries_deleted_while_pending_without_fields(
         self,
     ) -> None:
         crashed = await self.prepared_source("consumer-a")
@@ -334,11 +382,10 @@ class EventSourceContract:
         kept, deleted = await self.append_many(SCAN_0, 2)
         await self.read_all(crashed)
         await self.delete_entry(SCAN_0, deleted)
-        await self.let_time_pass(IDLE_MS + 20)
 
-        page = await rescuer.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
+        deliveries = await self.claim_all(rescuer, SCAN_0)
 
-        by_id = {d.entry_id: d for d in page.deliveries}
+        by_id = {d.entry_id: d for d in deliveries}
         assert sorted(by_id) == sorted([kept, deleted])
         assert by_id[deleted].fields is None
         assert by_id[deleted].stream == SCAN_0
@@ -347,16 +394,15 @@ class EventSourceContract:
         # The deleted entry leaves the pending list: only the claimed one is left.
         assert stats_of(await rescuer.shard_stats(), SCAN_0).pending == 1
 
-    async def test_claim_idle_pages_with_its_cursor_until_it_wraps(self) -> None:
+    async def test_claim_pages_with_its_cursor_until_it_wraps(self) -> None:
         crashed = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
         written = await self.append_many(SCAN_0, 5)
         await self.read_all(crashed)
-        await self.let_time_pass(IDLE_MS + 20)
 
         pages, cursor = [], "0-0"
         while True:
-            page = await rescuer.claim_idle(SCAN_0, cursor=cursor, min_idle_ms=IDLE_MS, count=2)
+            page = await rescuer.claim(SCAN_0, token=1, cursor=cursor, min_idle_ms=0, count=2)
             pages.append(page)
             if page.wrapped or len(pages) > 10:
                 break
@@ -365,90 +411,22 @@ class EventSourceContract:
         assert [ids(p.deliveries) for p in pages] == [written[:2], written[2:4], written[4:]]
         assert [p.cursor for p in pages] == [written[2], written[4], "0-0"]
 
-    async def test_claim_idle_on_a_deleted_stream_returns_an_empty_wrapped_page(self) -> None:
+    async def test_claim_on_a_deleted_stream_returns_an_empty_wrapped_page(self) -> None:
         source = await self.prepared_source()
         await self.delete_stream(SCAN_0)
 
-        page = await source.claim_idle(SCAN_0, cursor="0-0", min_idle_ms=0, count=10)
+        page = await source.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
 
         assert page.deliveries == []
         assert page.wrapped
 
     # shard_stats
 
-    # overtaking: newer entries of a job that another consumer still holds older ones of
-
-    async def first_and_second_consumer(self) -> tuple[EventSource, EventSource]:
-        """Consumer A holds job-1's first entry; B read its second and job-2's entry."""
-        first = await self.prepared_source("consumer-a")
-        second = await self.prepared_source("consumer-b")
-        await self.append(SCAN_0, fields_of(1))
-        self.held = await first.read_new(count=1, block_ms=0)
-        await self.append(SCAN_0, fields_of(2))
-        await self.append(SCAN_0, fields_of(1, "job-2"))
-        self.later = await second.read_new(count=10, block_ms=0)
-        return first, second
-
-    async def test_an_entry_whose_job_has_an_older_one_at_another_consumer_is_overtaking(
-        self,
-    ) -> None:
-        _, second = await self.first_and_second_consumer()
-
-        overtaking = await second.overtaking(self.later, max_idle_ms=60_000)
-
-        assert overtaking == {(SCAN_0, self.later[0].entry_id)}
-
-    async def test_nothing_overtakes_once_the_older_entry_is_acked(self) -> None:
-        first, second = await self.first_and_second_consumer()
-
-        await first.ack(self.held)
-
-        assert await second.overtaking(self.later, max_idle_ms=60_000) == set()
-
-    async def test_an_older_entry_idle_for_max_idle_ms_is_not_waited_for(self) -> None:
-        _, second = await self.first_and_second_consumer()
-        await self.let_time_pass(IDLE_MS + 20)
-
-        assert await second.overtaking(self.later, max_idle_ms=IDLE_MS) == set()
-
-    async def test_this_consumers_own_older_entries_are_not_waited_for(self) -> None:
-        source = await self.prepared_source()
-        await self.append_many(SCAN_0, 2)
-        await source.read_new(count=1, block_ms=0)
-        later = await source.read_new(count=1, block_ms=0)
-
-        assert await source.overtaking(later, max_idle_ms=60_000) == set()
-
-    async def read_after_another_consumer(
-        self, held: tuple[str, Mapping[bytes, bytes]], later: tuple[str, Mapping[bytes, bytes]]
-    ) -> tuple[EventSource, list[Delivery]]:
-        """Consumer A reads (and holds) the `held` entry; B reads the `later` one."""
-        first = await self.prepared_source("consumer-a")
-        second = await self.prepared_source("consumer-b")
-        await self.append(*held)
-        await first.read_new(count=10, block_ms=0)
-        await self.append(*later)
-        return second, await second.read_new(count=10, block_ms=0)
-
-    async def test_an_entry_without_a_job_id_never_overtakes(self) -> None:
-        second, later = await self.read_after_another_consumer(
-            (SCAN_0, fields_of(1)), (SCAN_0, {b"seq": b"2"})
-        )
-
-        assert await second.overtaking(later, max_idle_ms=60_000) == set()
-
-    async def test_older_entries_on_other_shards_do_not_hold_an_entry_back(self) -> None:
-        second, later = await self.read_after_another_consumer(
-            (SCAN_1, fields_of(1)), (SCAN_0, fields_of(2))
-        )
-
-        assert await second.overtaking(later, max_idle_ms=60_000) == set()
-
     async def test_shard_stats_show_lag_and_pending_per_shard(self) -> None:
         source = await self.prepared_source()
         await self.append_many(SCAN_0, 3)
         await self.append_many(CHAT_0, 1)
-        await source.read_new(count=1, block_ms=0)
+        await self.read_all(source, count=1)
 
         stats = await source.shard_stats()
 
@@ -472,4 +450,6 @@ class EventSourceContract:
         with pytest.raises(TransientError):
             await source.ping()
         with pytest.raises(TransientError):
-            await source.read_new(count=10, block_ms=0)
+            await source.read_new(TOKENS, count=10)
+        with pytest.raises(TransientError):
+            await source.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)

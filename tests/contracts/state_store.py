@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from eco_router.application.messages import JobView
+from collections.abc import Sequence
+
+import pytest
+
+from eco_router.application.messages import EncodedEvent, JobView
 from eco_router.application.ports import StateStore
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 from tests.contracts.factories import encoded, entry_id
 
 HISTORY_SIZE = 3
+SCAN_0, CHAT_0 = "scan:events:0", "chat:events:0"
+# The fencing tokens the tests' router holds its shards with (each shard's epoch at start).
+FENCE = {SCAN_0: 1, CHAT_0: 1}
 
 
 class StateStoreContract:
@@ -20,11 +27,28 @@ class StateStoreContract:
         """An empty store with long TTLs (nothing expires during a test)."""
         raise NotImplementedError
 
+    async def set_epoch(self, stream: str, token: int) -> None:
+        """Set the shard's fencing epoch, as the lease store does when a router takes it."""
+        raise NotImplementedError
+
+    @pytest.fixture(autouse=True)
+    async def _tokens(self, _backend: None) -> None:
+        for stream, token in FENCE.items():
+            await self.set_epoch(stream, token)
+
+    async def apply(
+        self, store: StateStore, events: Sequence[EncodedEvent]
+    ) -> list[Judgement | None]:
+        """Apply as the holder of every shard; no shard may be fenced."""
+        applied = await store.apply(events, FENCE)
+        assert applied.fenced == frozenset()
+        return applied.judgements
+
     async def test_a_new_event_is_applied_to_state_and_history(self) -> None:
         store = await self.make_store()
         event = encoded(seq=1, stream_id=entry_id(1))
 
-        judgements = await store.apply([event])
+        judgements = await self.apply(store, [event])
 
         assert judgements == [NEW_APPLY]
         assert await store.view("scan", "job-1") == JobView(event.payload, [event.payload])
@@ -35,9 +59,9 @@ class StateStoreContract:
         store = await self.make_store()
         first = encoded(seq=1, stream_id=entry_id(1))
         second = encoded(seq=2, stream_id=entry_id(2))
-        await store.apply([first, second])
+        await self.apply(store, [first, second])
 
-        judgements = await store.apply([first])
+        judgements = await self.apply(store, [first])
 
         assert judgements == [NEW_REPUBLISH]
         assert await store.view("scan", "job-1") == JobView(
@@ -48,13 +72,14 @@ class StateStoreContract:
         store = await self.make_store()
         original = encoded(seq=1, stream_id=entry_id(1), stage="queued")
         newest = encoded(seq=2, stream_id=entry_id(2), stage="scanning")
-        await store.apply([original, newest])
+        await self.apply(store, [original, newest])
 
-        judgements = await store.apply(
+        judgements = await self.apply(
+            store,
             [
                 encoded(seq=2, stream_id=entry_id(3), stage="copy"),
                 encoded(seq=1, stream_id=entry_id(4), stage="copy"),
-            ]
+            ],
         )
 
         assert judgements == [DUPLICATE, DUPLICATE]
@@ -65,9 +90,9 @@ class StateStoreContract:
     async def test_a_lower_seq_never_applied_is_stale_and_leaves_the_state_alone(self) -> None:
         store = await self.make_store()
         newest = encoded(seq=5, stream_id=entry_id(5))
-        await store.apply([newest])
+        await self.apply(store, [newest])
 
-        judgements = await store.apply([encoded(seq=4, stream_id=entry_id(4), stage="late")])
+        judgements = await self.apply(store, [encoded(seq=4, stream_id=entry_id(4), stage="late")])
 
         assert judgements == [STALE]
         assert await store.view("scan", "job-1") == JobView(newest.payload, [newest.payload])
@@ -76,8 +101,8 @@ class StateStoreContract:
         store = await self.make_store()
         first = encoded(seq=0, stream_id=entry_id(1))
 
-        assert await store.apply([first]) == [NEW_APPLY]
-        assert await store.apply([encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]
+        assert await self.apply(store, [first]) == [NEW_APPLY]
+        assert await self.apply(store, [encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]
         assert await store.view("scan", "job-1") == JobView(first.payload, [first.payload])
 
     async def test_a_batch_of_one_job_is_judged_in_the_given_order(self) -> None:
@@ -86,7 +111,7 @@ class StateStoreContract:
         late = encoded(seq=2, stream_id=entry_id(9), stage="late")
         repeated = encoded(seq=4, stream_id=entry_id(4))
 
-        judgements = await store.apply([one, three, two, late, repeated, repeated])
+        judgements = await self.apply(store, [one, three, two, late, repeated, repeated])
 
         assert judgements == [NEW_APPLY, NEW_APPLY, STALE, STALE, NEW_APPLY, NEW_REPUBLISH]
         assert await store.view("scan", "job-1") == JobView(
@@ -101,7 +126,7 @@ class StateStoreContract:
         b_stale = encoded(job_id="job-b", seq=0, stream_id=entry_id(4))
         chat_a = encoded(domain="chat", stream="chat:events:0", job_id="job-a", seq=1)
 
-        judgements = await store.apply([a1, b1, a2, b_stale, chat_a])
+        judgements = await self.apply(store, [a1, b1, a2, b_stale, chat_a])
 
         assert judgements == [NEW_APPLY, NEW_APPLY, NEW_APPLY, STALE, NEW_APPLY]
         assert await store.view("scan", "job-a") == JobView(a2.payload, [a1.payload, a2.payload])
@@ -111,9 +136,9 @@ class StateStoreContract:
     async def test_history_keeps_only_the_newest_payloads_in_seq_order(self) -> None:
         store = await self.make_store(history_size=HISTORY_SIZE)
         events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
-        await store.apply(events[:4])
+        await self.apply(store, events[:4])
 
-        await store.apply(events[4:])
+        await self.apply(store, events[4:])
 
         view = await store.view("scan", "job-1")
         assert view.history == [e.payload for e in events[-HISTORY_SIZE:]]
@@ -121,7 +146,7 @@ class StateStoreContract:
 
     async def test_the_view_of_an_unknown_job_is_empty(self) -> None:
         store = await self.make_store()
-        await store.apply([encoded(job_id="job-1")])
+        await self.apply(store, [encoded(job_id="job-1")])
 
         assert await store.view("scan", "job-2") == JobView(None, [])
         assert await store.view("chat", "job-1") == JobView(None, [])
@@ -129,4 +154,41 @@ class StateStoreContract:
     async def test_an_empty_batch_gets_no_judgements(self) -> None:
         store = await self.make_store()
 
-        assert await store.apply([]) == []
+        assert await self.apply(store, []) == []
+
+    # fencing
+
+    async def test_a_shard_whose_token_moved_on_is_not_touched(self) -> None:
+        store = await self.make_store()
+        before = encoded(seq=1, stream_id=entry_id(1))
+        await self.apply(store, [before])
+        await self.set_epoch(SCAN_0, 2)  # another router took the shard
+        chat = encoded(domain="chat", stream=CHAT_0, seq=1, stream_id=entry_id(2))
+
+        applied = await store.apply(
+            [encoded(seq=2, stream_id=entry_id(3)), chat], {SCAN_0: 1, CHAT_0: 1}
+        )
+
+        assert applied.fenced == {SCAN_0}
+        assert applied.judgements == [None, NEW_APPLY]
+        assert await store.view("scan", "job-1") == JobView(before.payload, [before.payload])
+        assert await store.view("chat", "job-1") == JobView(chat.payload, [chat.payload])
+
+    async def test_the_new_token_writes(self) -> None:
+        store = await self.make_store()
+        await self.set_epoch(SCAN_0, 2)
+        event = encoded(seq=1, stream_id=entry_id(1))
+
+        applied = await store.apply([event], {SCAN_0: 2})
+
+        assert applied.fenced == frozenset()
+        assert applied.judgements == [NEW_APPLY]
+
+    async def test_a_shard_without_events_is_checked_too(self) -> None:
+        store = await self.make_store()
+        await self.set_epoch(CHAT_0, 7)
+
+        applied = await store.apply([], {SCAN_0: 1, CHAT_0: 1})
+
+        assert applied.fenced == {CHAT_0}
+        assert applied.judgements == []

@@ -15,6 +15,8 @@ from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.keys import GroupKeys
+from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.ports import (
     Broadcaster,
@@ -22,6 +24,7 @@ from eco_router.application.ports import (
     EventFeed,
     EventSource,
     GatewayMetrics,
+    LeaseStore,
     StateStore,
 )
 from eco_router.testing import RedisServer
@@ -31,6 +34,7 @@ from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
 from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
 
@@ -60,6 +64,9 @@ class TestRedisStreamEventSource(EventSourceContract):
     async def cut_server(self, source: EventSource) -> None:
         self.server.stop()
 
+    async def set_epoch(self, stream: str, token: int) -> None:
+        await self.redis.set(GroupKeys(GROUP).epoch(stream), token)
+
 
 class TestRedisLuaStateStore(StateStoreContract):
     @pytest.fixture(autouse=True)
@@ -68,8 +75,15 @@ class TestRedisLuaStateStore(StateStoreContract):
 
     async def make_store(self, *, history_size: int = 3) -> StateStore:
         return RedisLuaStateStore(
-            self.redis, state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+            self.redis,
+            group=GROUP,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=history_size,
         )
+
+    async def set_epoch(self, stream: str, token: int) -> None:
+        await self.redis.set(GroupKeys(GROUP).epoch(stream), token)
 
 
 class TestRedisPubSubBroadcaster(BroadcasterContract):
@@ -152,3 +166,20 @@ class TestRedisStreamDeadLetterSink(DeadLetterSinkContract):
     async def dead_letters(self, stream: str) -> list[Fields]:
         entries = await self.redis.xrange(stream)
         return [fields for _, fields in entries]
+
+
+class TestRedisLeaseStore(LeaseStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self, streams_server: RedisServer, streams_redis: Redis) -> None:
+        self.server = streams_server
+        self.redis = streams_redis
+
+    async def make_store(self) -> LeaseStore:
+        return RedisLeaseStore(self.redis, families=FAMILIES, group=GROUP, ttl_ms=TTL_MS)
+
+    async def let_time_pass(self, ms: int) -> None:
+        # Leases expire on the server's own clock: only real time lapses them.
+        await asyncio.sleep(ms / 1000)
+
+    async def cut_server(self) -> None:
+        self.server.stop()

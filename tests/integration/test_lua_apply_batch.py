@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.messages import EncodedEvent
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 from tests.contracts.factories import encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
@@ -19,14 +21,30 @@ JOB = JobKeys.of("scan", "job-1")
 MAX_SEQ = 2**53 - 1
 
 
+SHARD = "scan:events:0"
+GROUP = "router"
+EPOCH = GroupKeys(GROUP).epoch(SHARD)
+
+
 @pytest.fixture
-def store(streams_redis: Redis) -> RedisLuaStateStore:
+async def store(streams_redis: Redis) -> RedisLuaStateStore:
+    await streams_redis.set(EPOCH, 1)
     return RedisLuaStateStore(
         streams_redis,
+        group=GROUP,
         state_ttl_s=STATE_TTL_S,
         markers_ttl_s=MARKERS_TTL_S,
         history_size=HISTORY_SIZE,
     )
+
+
+async def apply(
+    store: RedisLuaStateStore, events: Sequence[EncodedEvent]
+) -> list[Judgement | None]:
+    """Apply as the holder of the shard (fencing token 1)."""
+    applied = await store.apply(events, {SHARD: 1})
+    assert applied.fenced == frozenset()
+    return applied.judgements
 
 
 def raw(payload: bytes, **overrides: object) -> EncodedEvent:
@@ -37,12 +55,35 @@ def raw(payload: bytes, **overrides: object) -> EncodedEvent:
 class TestBranches:
     """The one-character codes the script returns and what the adapter makes of them."""
 
+    async def test_code_4_and_the_shard_index_when_the_token_moved_on(
+        self, streams_redis: Redis
+    ) -> None:
+        script = streams_redis.register_script(load_lua("apply_batch.lua"))
+        other = JobKeys.of("chat", "job-2")
+        chat_epoch = GroupKeys(GROUP).epoch("chat:events:0")
+        await streams_redis.set(EPOCH, 2)
+        await streams_redis.set(chat_epoch, 1)
+        keys = [EPOCH, chat_epoch, JOB.state, JOB.history, JOB.markers]
+        keys += [other.state, other.history, other.markers]
+        # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
+        # job 2 on shard 2.
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, 2, 1, 1, 1, 2]
+        events = [(1, 5, entry_id(1), b"fenced"), (2, 1, entry_id(2), b"applied")]
+
+        codes, fenced = await script(keys=keys, args=head + [v for event in events for v in event])
+
+        assert (codes, fenced) == (b"40", [1])
+        assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
+        assert await streams_redis.get(other.state) == b"applied"
+
     async def test_the_script_returns_one_code_per_event_for_all_four_branches(
         self, streams_redis: Redis
     ) -> None:
         script = streams_redis.register_script(load_lua("apply_batch.lua"))
-        keys = [JOB.state, JOB.history, JOB.markers]
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE]
+        await streams_redis.set(EPOCH, 1)
+        keys = [EPOCH, JOB.state, JOB.history, JOB.markers]
+        # TTLs, history size, one shard with token 1, the job on shard 1.
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, 1, 1, 1]
         events = [
             (1, 5, entry_id(1), b"applied"),
             (1, 5, entry_id(1), b"same entry again"),
@@ -50,9 +91,9 @@ class TestBranches:
             (1, 4, entry_id(3), b"lower seq"),
         ]
 
-        codes = await script(keys=keys, args=head + [v for event in events for v in event])
+        codes, fenced = await script(keys=keys, args=head + [v for event in events for v in event])
 
-        assert codes == b"0123"
+        assert (codes, fenced) == (b"0123", [])
         assert await streams_redis.get(JOB.state) == b"applied"
         assert await streams_redis.lrange(JOB.history, 0, -1) == [b"applied"]
 
@@ -61,7 +102,7 @@ class TestBranches:
     ) -> None:
         event = encoded(seq=7, stream_id=entry_id(7))
 
-        assert await store.apply([event]) == [NEW_APPLY]
+        assert await apply(store, [event]) == [NEW_APPLY]
 
         assert await streams_redis.get(JOB.state) == event.payload
         assert await streams_redis.lrange(JOB.history, 0, -1) == [event.payload]
@@ -74,20 +115,20 @@ class TestBranches:
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         event = encoded(seq=1, stream_id=entry_id(1))
-        await store.apply([event])
+        await apply(store, [event])
         before = await _snapshot(streams_redis)
 
-        assert await store.apply([event]) == [NEW_REPUBLISH]
+        assert await apply(store, [event]) == [NEW_REPUBLISH]
 
         assert await _snapshot(streams_redis) == before
 
     async def test_code_2_is_a_duplicate_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         before = await _snapshot(streams_redis)
 
-        judgements = await store.apply([encoded(seq=1, stream_id=entry_id(2), stage="copy")])
+        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(2), stage="copy")])
 
         assert judgements == [DUPLICATE]
         assert await _snapshot(streams_redis) == before
@@ -95,10 +136,10 @@ class TestBranches:
     async def test_code_3_is_stale_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        await store.apply([encoded(seq=5, stream_id=entry_id(5))])
+        await apply(store, [encoded(seq=5, stream_id=entry_id(5))])
         before = await _snapshot(streams_redis)
 
-        judgements = await store.apply([encoded(seq=3, stream_id=entry_id(3), stage="late")])
+        judgements = await apply(store, [encoded(seq=3, stream_id=entry_id(3), stage="late")])
 
         assert judgements == [STALE]
         assert await _snapshot(streams_redis) == before
@@ -107,11 +148,11 @@ class TestBranches:
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         applied = encoded(seq=5, stream_id=entry_id(5))
-        await store.apply([applied])
+        await apply(store, [applied])
         # Only "last" is left: the equal seq cannot be told apart from a replay, so it is stale.
         await streams_redis.hdel(JOB.markers, "5")
 
-        judgements = await store.apply([encoded(seq=5, stream_id=entry_id(6), stage="copy")])
+        judgements = await apply(store, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
 
         assert judgements == [STALE]
         assert await streams_redis.get(JOB.state) == applied.payload
@@ -122,13 +163,13 @@ class TestBranches:
         below = encoded(seq=MAX_SEQ - 1, stream_id=entry_id(1))
         top = encoded(seq=MAX_SEQ, stream_id=entry_id(2))
 
-        judgements = await store.apply(
-            [below, top, encoded(seq=MAX_SEQ - 2, stream_id=entry_id(3))]
+        judgements = await apply(
+            store, [below, top, encoded(seq=MAX_SEQ - 2, stream_id=entry_id(3))]
         )
 
         assert judgements == [NEW_APPLY, NEW_APPLY, STALE]
         assert await streams_redis.hget(JOB.markers, "last") == str(MAX_SEQ).encode()
-        assert await store.apply([encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
+        assert await apply(store, [encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
 
 
 class TestKeys:
@@ -137,7 +178,7 @@ class TestKeys:
     async def test_state_history_and_markers_get_their_configured_ttls(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
 
         assert 0 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
         assert 0 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
@@ -146,11 +187,11 @@ class TestKeys:
     async def test_a_new_event_renews_the_ttls(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        await store.apply([encoded(seq=1, stream_id=entry_id(1))])
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         for key in (JOB.state, JOB.history, JOB.markers):
             await streams_redis.expire(key, 5)
 
-        await store.apply([encoded(seq=2, stream_id=entry_id(2))])
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert 5 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
         assert 5 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
@@ -161,9 +202,9 @@ class TestKeys:
     ) -> None:
         events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 8)]
 
-        await store.apply(events[:5])
+        await apply(store, events[:5])
         after_first = await streams_redis.lrange(JOB.history, 0, -1)
-        await store.apply(events[5:])
+        await apply(store, events[5:])
 
         assert after_first == [e.payload for e in events[2:5]]
         assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in events[4:]]
@@ -174,7 +215,7 @@ class TestKeys:
     ) -> None:
         payload = bytes(range(256)) + "résumé ✓".encode()
 
-        await store.apply([raw(payload, seq=1, stream_id=entry_id(1))])
+        await apply(store, [raw(payload, seq=1, stream_id=entry_id(1))])
 
         assert await streams_redis.get(JOB.state) == payload
         assert await streams_redis.lrange(JOB.history, 0, -1) == [payload]
@@ -190,7 +231,7 @@ class TestKeys:
             for n, job in enumerate(jobs)
         ]
 
-        judgements = await store.apply(batch)
+        judgements = await apply(store, batch)
 
         assert judgements == [NEW_APPLY] * 300
         for job in jobs:
@@ -207,8 +248,8 @@ class TestKeys:
         batch = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 2501)]
         replay = [encoded(seq=n, stream_id=entry_id(10_000 + n)) for n in range(1, 2501)]
 
-        assert await store.apply(batch) == [NEW_APPLY] * 2500
-        assert await store.apply(replay) == [DUPLICATE] * 2500
+        assert await apply(store, batch) == [NEW_APPLY] * 2500
+        assert await apply(store, replay) == [DUPLICATE] * 2500
         assert await streams_redis.hlen(JOB.markers) == 2501
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
         assert await streams_redis.lrange(JOB.history, 0, -1) == [
@@ -226,7 +267,7 @@ class TestMarkersExpiry:
         the job is unknown again and any seq, older ones included, is applied as NEW. The
         script must carry on from an absent markers hash without erroring.
         """
-        await store.apply([encoded(seq=5, stream_id=entry_id(5))])
+        await apply(store, [encoded(seq=5, stream_id=entry_id(5))])
         await streams_redis.pexpire(JOB.markers, 1)
 
         async def markers_gone() -> bool:
@@ -235,7 +276,7 @@ class TestMarkersExpiry:
         await wait_until(markers_gone, what="the markers hash to expire")
         older = encoded(seq=3, stream_id=entry_id(3), stage="late")
 
-        assert await store.apply([older]) == [NEW_APPLY]
+        assert await apply(store, [older]) == [NEW_APPLY]
         assert await streams_redis.get(JOB.state) == older.payload
         assert await streams_redis.hgetall(JOB.markers) == {
             b"3": entry_id(3).encode(),

@@ -24,8 +24,10 @@ from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.messages import Delivery
+from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.route_batch import RouteBatch, RouteResult
+from eco_router.application.router_service import RouterService
 from eco_router.domain.event import JobEvent
 from eco_router.domain.streams import StreamFamily
 
@@ -206,6 +208,19 @@ class Harness:
             block_ms=5,
             backoff=Backoff(initial_s=0.001, max_s=0.01),
             drain_grace_s=drain_grace_s,
+        )
+
+    def router_service(self, consumer: str | None = None) -> RouterService:
+        """A whole router (lease keeper, consumer, reclaimer, observer) of `consumer`."""
+        source = self.consumer_source(consumer) if consumer else self.source
+        held = HeldShards()
+        return RouterService(
+            leases=self.lease_keeper(consumer or self.consumer, held),
+            consume=self.consume_loop(source, held=held),
+            reclaim=self.reclaimer(source, held=held),
+            observe=ObserveShards(source=source, metrics=self.metrics),
+            reclaim_interval_s=0.01,
+            observe_interval_s=0.01,
         )
 
     # --- producing ---

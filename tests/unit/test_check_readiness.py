@@ -5,19 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from eco_router.application.check_readiness import CheckReadiness
-from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.router_service import RouterService
 from tests.unit.factories import Harness
 
 
 def router_service(h: Harness) -> RouterService:
-    return RouterService(
-        consume=h.consume_loop(),
-        reclaim=h.reclaimer(h.source),
-        observe=ObserveShards(source=h.source, metrics=h.metrics),
-        reclaim_interval_s=0.01,
-        observe_interval_s=0.01,
-    )
+    return h.router_service()
 
 
 def readiness(h: Harness, router: RouterService | None) -> CheckReadiness:

@@ -1,16 +1,17 @@
-"""ConsumeLoop on the in-memory adapters: start-up, routing, retrying, recovering, stopping."""
+"""ConsumeLoop on the in-memory adapters: start-up, take-over, held shards, retrying, stopping."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
-from eco_router.application.messages import Delivery, EncodedEvent
-from eco_router.domain.verdict import Judgement, Verdict
+from eco_router.application.held_shards import HeldShards
+from eco_router.application.messages import Applied, EncodedEvent
+from eco_router.domain.verdict import Verdict
 from tests.unit.factories import Harness, eventually
 
 STOP_WITHIN_S = 5.0
@@ -47,11 +48,11 @@ class FailingOnceStore(InMemoryStateStore):
         self.job_id = job_id
         self.struck = False
 
-    async def apply(self, events: Sequence[EncodedEvent]) -> list[Judgement]:
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
         if not self.struck and any(e.event.job_id == self.job_id for e in events):
             self.struck = True
             raise RuntimeError("bug in the store")
-        return await super().apply(events)
+        return await super().apply(events, fence)
 
 
 class TestRouting:
@@ -153,7 +154,12 @@ class TestTransientFailures:
     async def test_a_bug_while_routing_leaves_the_batch_pending_and_goes_on(self) -> None:
         h = Harness()
         h.store = FailingOnceStore(
-            "job-1", clock=h.clock, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+            "job-1",
+            clock=h.clock,
+            leases=h.leases,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=100,
         )
         broken = h.xadd("job-1", 1)
 
@@ -166,50 +172,76 @@ class TestTransientFailures:
         assert h.published_seqs("job-1") == []
 
 
-class TestRecovery:
+def another_router_takes(h: Harness, stream: str) -> None:
+    """Another router acquires `stream`: its fencing epoch moves past the harness's token."""
+    h.leases.epochs[stream] = h.fence[stream] + 1
+
+
+class TestTakeOver:
+    """The loop has just taken every shard: it routes what earlier holders left first."""
+
+    async def test_what_a_dead_holder_left_is_routed_before_newer_entries(self) -> None:
+        h = Harness()
+        dead = h.consumer_source("router-0")
+        await dead.prepare()
+        h.xadd("job-1", 1)
+        h.xadd("job-1", 2)
+        await h.read(source=dead)  # then router-0 dies holding seq 1 and 2
+        h.xadd("job-1", 3)
+
+        async with running(h.consume_loop()):
+            await eventually(lambda: len(h.published_seqs("job-1")) == 3)
+
+        # Read new first, 3 would have been applied and 1 and 2 judged stale.
+        assert h.published_seqs("job-1") == [1, 2, 3]
+        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 0
+        assert h.pending() == {}
+        [(domain, shard, claimed)] = [t for t in h.metrics.takeovers if t[2]]
+        assert (domain, shard, claimed) == ("scan", 2, 2)
+
     async def test_own_pending_entries_from_an_earlier_process_are_routed_first(self) -> None:
         h = Harness()
         earlier = h.consumer_source(h.consumer)
         await earlier.prepare()
         h.xadd("job-1", 1)
         h.xadd("job-1", 2)
-        await earlier.read_new(count=10, block_ms=0)  # then the process dies
+        await h.read(source=earlier)  # then the process dies
         h.xadd("job-1", 3)
 
         async with running(h.consume_loop(h.consumer_source(h.consumer))):
             await eventually(lambda: len(h.published_seqs("job-1")) == 3)
 
-        # Read new first, 3 would have been applied and 1 and 2 judged stale.
         assert h.published_seqs("job-1") == [1, 2, 3]
         assert h.dead_lettered() == []
         assert h.pending() == {}
 
-    async def test_pending_entries_of_other_consumers_are_left_to_the_reclaimer(self) -> None:
+    async def test_pending_entries_deleted_meanwhile_are_acked_and_counted(self) -> None:
         h = Harness()
-        other = h.consumer_source("router-2")
-        await other.prepare()
-        h.xadd("job-1", 1)
-        taken = [d.entry_id for d in await other.read_new(count=10, block_ms=0)]
-        h.xadd("job-2", 1)
-
-        async with running(h.consume_loop()):
-            await eventually(lambda: h.published_seqs("job-2") == [1])
-
-        assert h.published_seqs("job-1") == []
-        assert {i: p.consumer for i, p in h.pending().items()} == {taken[0]: "router-2"}
-
-    async def test_own_pending_entries_deleted_meanwhile_are_acked_at_startup(self) -> None:
-        h = Harness()
-        earlier = h.consumer_source(h.consumer)
+        earlier = h.consumer_source("router-0")
         await earlier.prepare()
         gone = h.xadd("job-1", 1)
-        await earlier.read_new(count=10, block_ms=0)
+        await h.read(source=earlier)
         h.streams.delete_entry("scan:events:2", gone)
 
-        async with running(h.consume_loop(h.consumer_source(h.consumer))):
+        async with running(h.consume_loop()):
             await eventually(lambda: h.pending() == {})
 
         assert h.metrics.trimmed[("scan", 2)] == 1
+
+    async def test_a_take_over_larger_than_a_page_keeps_stream_order(self) -> None:
+        h = Harness()
+        dead = h.consumer_source("router-0")
+        await dead.prepare()
+        for seq in range(1, 26):
+            h.xadd("job-1", seq)
+        await h.read(source=dead)
+        h.xadd("job-1", 26)
+
+        async with running(h.consume_loop(read_count=4)):
+            await eventually(lambda: len(h.published_seqs("job-1")) == 26)
+
+        assert h.published_seqs("job-1") == list(range(1, 27))
+        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 0
 
     async def test_a_deleted_stream_and_group_are_recreated(self) -> None:
         h = Harness()
@@ -223,83 +255,67 @@ class TestRecovery:
             await eventually(lambda: h.pending() == {})
 
 
-class TestOrderAcrossConsumers:
-    """Router `a` (the harness's consumer) holds job-1's seq 1; router `b` runs the loop."""
-
-    @staticmethod
-    async def a_holds_seq_1_and_b_can_read_seq_2(h: Harness) -> list[Delivery]:
-        await h.source.prepare()
-        h.xadd("job-1", 1)
-        held = await h.read()
-        h.xadd("job-1", 2)
-        h.xadd("job-2", 1)
-        return held
-
-    async def test_a_newer_entry_waits_for_the_older_one_then_follows_it(self) -> None:
+class TestHeldShards:
+    async def test_a_router_holding_no_shard_reads_nothing_until_it_gains_one(self) -> None:
         h = Harness()
-        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+        held = HeldShards()
+        h.xadd("job-1", 1)
 
-        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=5_000)):
-            await eventually(lambda: h.published_seqs("job-2") == [1])
-            waited = h.published_seqs("job-1")
-            await h.route(held)
-            await eventually(lambda: h.published_seqs("job-1") == [1, 2])
+        async with running(h.consume_loop(held=held)):
+            await eventually(h.groups_ready)
+            await asyncio.sleep(0.02)
+            before = list(h.broadcaster.sent)
+            stream = h.family.stream_for("job-1")
+            held.gain(stream, h.fence[stream], since_ms=h.clock.now_ms(), now_s=0.0)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
 
-        assert waited == []
-        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 0
+        assert before == []
         assert h.pending() == {}
 
-    async def test_without_waiting_the_newer_entry_overtakes_and_the_older_is_stale(
-        self,
-    ) -> None:
+    async def test_only_the_held_shards_are_read(self) -> None:
         h = Harness()
-        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+        held = h.held_shards()
+        outside = h.family.stream_for("job-2")
+        held.lose(outside)
+        h.xadd("job-1", 1)
+        h.xadd("job-2", 1)
 
-        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=0)):
-            await eventually(lambda: h.published_seqs("job-1") == [2])
-            await h.route(held)
+        async with running(h.consume_loop(held=held)):
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+            await asyncio.sleep(0.02)
 
-        assert h.published_seqs("job-1") == [2]
-        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 1
+        assert h.published_seqs("job-2") == []
+        assert h.streams.lag(outside, "router") == 1
 
-    async def test_the_wait_ends_after_order_wait_ms_when_the_older_entry_stays_held(
-        self,
-    ) -> None:
+    async def test_a_shard_another_router_took_is_dropped_and_left_to_it(self) -> None:
         h = Harness()
-        await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+        held = h.held_shards()
+        stream = h.family.stream_for("job-1")
 
-        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=50)):
-            await eventually(lambda: h.published_seqs("job-1") == [2])
-
-        assert [p.consumer for p in h.pending().values()] == ["router-1"]
-
-    async def test_nothing_new_is_read_while_entries_wait(self) -> None:
-        h = Harness()
-        held = await self.a_holds_seq_1_and_b_can_read_seq_2(h)
-
-        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=5_000)):
+        async with running(h.consume_loop(held=held)):
+            await eventually(h.groups_ready)
+            another_router_takes(h, stream)
+            h.xadd("job-1", 1)
+            await eventually(lambda: stream not in held)
+            h.xadd("job-2", 1)
             await eventually(lambda: h.published_seqs("job-2") == [1])
-            h.xadd("job-3", 1)
-            await asyncio.sleep(0.05)
-            while_waiting = h.published_seqs("job-3")
-            await h.route(held)
-            await eventually(lambda: h.published_seqs("job-3") == [1])
 
-        assert while_waiting == []
-        assert h.published_seqs("job-1") == [1, 2]
+        assert h.published_seqs("job-1") == []
+        assert h.streams.lag(stream, "router") == 1  # read by nobody yet: the new holder will
+        assert h.metrics.leases_lost[("scan", 2)] == 1
 
-    async def test_a_stop_routes_the_waiting_entries_instead_of_stranding_them(self) -> None:
+    async def test_a_shard_being_released_is_read_no_more_and_drains(self) -> None:
         h = Harness()
-        await self.a_holds_seq_1_and_b_can_read_seq_2(h)
+        held = h.held_shards()
+        stream = h.family.stream_for("job-1")
 
-        async with running(h.consume_loop(h.consumer_source("b"), order_wait_ms=60_000)) as (
-            stop,
-            task,
-        ):
-            await eventually(lambda: h.published_seqs("job-2") == [1])
-            stop.set()
-            async with asyncio.timeout(STOP_WITHIN_S):
-                await task
+        async with running(h.consume_loop(held=held)):
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+            held.start_release(stream)
+            h.xadd("job-1", 2)
+            await eventually(lambda: held.drained() == [stream])
+            await asyncio.sleep(0.02)
 
-        assert h.published_seqs("job-1") == [2]
-        assert [p.consumer for p in h.pending().values()] == ["router-1"]
+        assert h.published_seqs("job-1") == [1]
+        assert h.streams.lag(stream, "router") == 1

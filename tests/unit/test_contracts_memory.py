@@ -13,6 +13,7 @@ from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.leases import InMemoryLeaseStore, LeaseTable
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.application.ports import (
@@ -21,6 +22,7 @@ from eco_router.application.ports import (
     EventFeed,
     EventSource,
     GatewayMetrics,
+    LeaseStore,
     StateStore,
 )
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
@@ -29,6 +31,7 @@ from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
 from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
 
@@ -57,12 +60,27 @@ class TestInMemoryEventSource(EventSourceContract):
         assert isinstance(source, InMemoryEventSource)
         source.available = False
 
+    async def set_epoch(self, stream: str, token: int) -> None:
+        self.streams.lease_table(GROUP).epochs[stream] = token
+
 
 class TestInMemoryStateStore(StateStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self) -> None:
+        self.clock = ManualClock()
+        self.leases = LeaseTable(self.clock)
+
     async def make_store(self, *, history_size: int = 3) -> StateStore:
         return InMemoryStateStore(
-            clock=ManualClock(), state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+            clock=self.clock,
+            leases=self.leases,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=history_size,
         )
+
+    async def set_epoch(self, stream: str, token: int) -> None:
+        self.leases.epochs[stream] = token
 
 
 class TestInMemoryBroadcaster(BroadcasterContract):
@@ -105,3 +123,19 @@ class TestInMemoryDeadLetterSink(DeadLetterSinkContract):
 
     async def dead_letters(self, stream: str) -> list[Fields]:
         return [fields for _, fields in self.streams.entries(stream)]
+
+
+class TestInMemoryLeaseStore(LeaseStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self) -> None:
+        self.clock = ManualClock()
+        self.store = InMemoryLeaseStore(LeaseTable(self.clock), ttl_ms=TTL_MS)
+
+    async def make_store(self) -> LeaseStore:
+        return self.store
+
+    async def let_time_pass(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    async def cut_server(self) -> None:
+        self.store.available = False

@@ -35,7 +35,8 @@ async def crash_after_reading(h: Harness) -> list[str]:
 
 async def crash_after_claiming(b: InMemoryEventSource) -> None:
     """Consumer B claims every idle entry of job-1's shard and dies before routing any."""
-    await b.claim_idle(FAMILY.stream_for("job-1"), cursor="0-0", min_idle_ms=MIN_IDLE_MS, count=100)
+    stream = FAMILY.stream_for("job-1")
+    await b.claim(stream, token=1, cursor="0-0", min_idle_ms=MIN_IDLE_MS, count=100)
 
 
 async def passes_while_pubsub_is_down(h: Harness, reclaim: ReclaimPending) -> None:

@@ -215,7 +215,7 @@ class TestPublishFailure:
         h.broadcaster.available = True
         successor = h.consumer_source(h.consumer)
 
-        redelivered = await successor.read_own_pending(after={}, count=10)
+        redelivered = await h.redeliver(successor)
         await h.route_for(successor)(redelivered)
 
         assert [d.delivery_count for d in redelivered] == [2]
@@ -231,7 +231,7 @@ class TestPoisonAndGoneEntries:
         entry_id = h.xadd("job-1", 1)
         await h.read()  # delivery 1, never acked
         for _ in range(h.max_deliveries):
-            redelivered = await h.source.read_own_pending(after={}, count=10)
+            redelivered = await h.redeliver()
 
         result = await h.route(redelivered)
 
@@ -250,7 +250,7 @@ class TestPoisonAndGoneEntries:
         h.xadd("job-1", 1)
         await h.read()
         for _ in range(h.max_deliveries - 1):
-            redelivered = await h.source.read_own_pending(after={}, count=10)
+            redelivered = await h.redeliver()
 
         await h.route(redelivered)
 
@@ -262,7 +262,7 @@ class TestPoisonAndGoneEntries:
         entry_id = h.xadd("job-1", 1)
         await h.read()
         h.streams.delete_entry(JOB_1_STREAM, entry_id)
-        gone = await h.source.read_own_pending(after={}, count=10)
+        gone = await h.redeliver()
 
         result = await h.route(gone)
 

@@ -33,7 +33,8 @@ class TestDefaults:
         assert (settings.max_deliveries, settings.history_size) == (5, 100)
         assert settings.channel_prefix == "sse:events"
         assert settings.http_port == 8001
-        assert settings.order_wait_ms == 1000
+        assert settings.lease_ttl_ms == 4000
+        assert settings.lease_renew_ms == 1000
 
     def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")

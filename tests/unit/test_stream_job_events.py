@@ -44,7 +44,11 @@ class Gateway:
     ) -> None:
         self.h = Harness()
         self.h.store = InMemoryStateStore(
-            clock=self.h.clock, state_ttl_s=3600, markers_ttl_s=7200, history_size=history_size
+            clock=self.h.clock,
+            leases=self.h.leases,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=history_size,
         )
         self.h.route = self.h.route_for(self.h.source)
         self.decoder = OrjsonEventDecoder()

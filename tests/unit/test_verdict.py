@@ -180,7 +180,7 @@ class TestOrderingGuarantee:
         failures = iter(publish_failures)
         sizes = itertools.cycle(batch_sizes)
 
-        while batch := await h.source.read_new(count=next(sizes), block_ms=0):
+        while batch := await h.read(count=next(sizes)):
             while True:
                 h.broadcaster.available = not next(failures, False)
                 result = await h.route(batch)
@@ -190,7 +190,7 @@ class TestOrderingGuarantee:
                     # The process dies; its successor re-reads its own pending entries first.
                     h.source = h.consumer_source(h.consumer)
                     h.route = h.route_for(h.source)
-                    batch = await h.source.read_own_pending(after={}, count=1_000)
+                    batch = await h.redeliver()
                 else:
                     batch = result.unsettled
 

@@ -30,8 +30,9 @@ class ConsumeLoop:
       before any new entry of it is read. They are older than every entry not yet delivered,
       so each job's events are routed in stream order across holders.
     - New entries: one read over the shards being read, fenced by their tokens, without
-      waiting; when it brings nothing, wait for an append, a change of held shards, or stop.
-      The next batch is read while this one is routed.
+      waiting. Behind a backlog the next batch is read while this one is routed; once a read
+      has drained the shards, the loop waits for an append (after the marks the read gave), a
+      change of held shards, or stop, before reading again.
     - A fenced shard (another router holds it now) is dropped with what is in hand of it,
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
@@ -68,6 +69,7 @@ class ConsumeLoop:
             s: f for f in source.families for s in f.streams
         }
         self._prefetch: tuple[asyncio.Task[ReadBatch], dict[str, int]] | None = None
+        self._drained: tuple[Mapping[str, str], dict[str, int]] | None = None
         self._finishing: set[str] = set()
         self.prepared = asyncio.Event()
 
@@ -138,6 +140,11 @@ class ConsumeLoop:
         if not tokens:
             await self._wait_for_work(stop)
             return [], {}
+        drained, self._drained = self._drained, None
+        if drained is not None and drained[1] == tokens:
+            # The last read took everything there was: wait for an append before reading.
+            await self._wait_for_work(stop, drained[0])
+            return [], {}
         read = self._start_read(tokens)
         return await self._take_read(await read, tokens, stop)
 
@@ -201,7 +208,9 @@ class ConsumeLoop:
             self._lost(stream)
         if batch.deliveries:
             following = self._held.tokens([Phase.READING])
-            if following and not stop.is_set() and not self._held.taking_over():
+            if batch.marks:
+                self._drained = (batch.marks, tokens)
+            elif following and not stop.is_set() and not self._held.taking_over():
                 # The next batch is read while this one is routed: its round trip overlaps
                 # the Lua call and the publish. Batches are still routed one after another.
                 self._prefetch = (self._start_read(following), following)

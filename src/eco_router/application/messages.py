@@ -30,7 +30,8 @@ class Delivery:
 @dataclass(frozen=True, slots=True)
 class ReadBatch:
     """New entries of the shards read; `fenced` shards were not read (another router took
-    them over); when nothing was read, `marks` holds each shard's last entry id to wait after."""
+    them over); when the read drained every shard, `marks` holds each read shard's last
+    entry id, to wait for what comes after."""
 
     deliveries: list[Delivery]
     fenced: frozenset[str] = frozenset()

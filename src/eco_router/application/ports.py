@@ -42,7 +42,8 @@ class EventSource(Protocol):
     async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
         """Up to `count` never-delivered entries of each shard in `tokens`, without waiting;
         a shard is read only while its fencing token is still the one given (checked
-        atomically with the read), else it is reported fenced."""
+        atomically with the read), else it is reported fenced; a read that drains every shard
+        returns marks to wait after."""
         ...
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:

@@ -54,7 +54,8 @@ class InMemoryEventSource(EventSource):
             for stream, entries in taken.items()
             for entry_id, fields in entries
         ]
-        marks = {} if deliveries else {s: self.streams.last_id(s) for s in readable}
+        drained = all(len(entries) < count for entries in taken.values())
+        marks = {s: self.streams.last_id(s) for s in readable} if drained else {}
         return ReadBatch(deliveries, fenced, marks)
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:

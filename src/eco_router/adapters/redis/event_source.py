@@ -65,7 +65,7 @@ class RedisStreamEventSource(EventSource):
             elif entries and entries[0]:
                 deliveries += self._deliveries(stream, [_entry(e) for e in entries[0]])
         marks: dict[str, str] = {}
-        if not deliveries:
+        if len(reply) > len(streams):
             readable = [s for s in streams if s not in fenced]
             marks = dict(zip(readable, map(_text, reply[len(streams) :]), strict=True))
         return ReadBatch(deliveries, frozenset(fenced), marks)

@@ -23,7 +23,7 @@ local events_at = jobs_at + (#KEYS - shards) / 3 + 1
 local fenced = {}
 local fenced_list = {}
 for shard = 1, shards do
-  if redis.call('GET', KEYS[shard]) ~= ARGV[4 + shard] then
+  if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[4 + shard] then
     fenced[shard] = true
     fenced_list[#fenced_list + 1] = shard
   end

@@ -2,7 +2,7 @@
 -- delivery count of every claimed entry.
 -- KEYS: fencing epoch, stream. ARGV: group, consumer, token, min idle ms, cursor, count.
 -- Returns false when fenced, else {next cursor, claimed entries, deleted ids, counts}.
-if redis.call('GET', KEYS[1]) ~= ARGV[3] then
+if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[3] then
   return false
 end
 local group, consumer = ARGV[1], ARGV[2]

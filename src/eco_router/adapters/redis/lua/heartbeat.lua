@@ -15,7 +15,7 @@ local leases = {}
 for i = 2, #KEYS, 2 do
   local n = i / 2
   local token = ARGV[2 + n]
-  if token ~= '' and redis.call('GET', KEYS[i + 1]) == token then
+  if token ~= '' and (redis.call('GET', KEYS[i + 1]) or '0') == token then
     local since = redis.call('HGET', KEYS[i], 'since')
     if not since or redis.call('HGET', KEYS[i], 'token') ~= token then
       since = tostring(now)
