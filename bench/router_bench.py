@@ -5,7 +5,8 @@ Run from the repository root: `.venv/bin/python -m bench.router_bench` (or `make
 Every run gets freshly started throwaway redis-server processes (one for streams, one for
 Pub/Sub) and fresh router subprocesses, so runs do not see each other's data or state keys.
 Runs of the columns being compared are interleaved (A, B, C, A, B, C, ...) and each column
-reports its median run, so a machine that slows down for a while slows every column alike.
+reports medians over the rounds, so a machine that slows down for a while slows every column
+alike.
 
 1. One router with and without the order mechanism: this tree's worker (order by shard
    leases) next to the worker of a baseline commit from before the leases (`--baseline-ref`),
@@ -38,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median_low
 from typing import Any
 
 import hiredis
@@ -66,6 +68,8 @@ CHANNEL_PATTERN = "sse:events:*"
 RESULTS_PATH = RESULTS_DIR / "router.json"
 DEFAULT_BASELINE_REF = "5c0e832"
 ORDER_WAIT_SETTING = "EVENT_ROUTER_ORDER_WAIT_MS"
+# The columns that drain the smaller backlog and run the shorter paced run.
+SMALLER_RUNS = frozenset({"naive", "read_count_1"})
 
 POLL_INTERVAL_S = 0.01
 DRAIN_TIMEOUT_S = 120.0
@@ -205,7 +209,8 @@ class Throughput:
     shards_held: list[int]
     shares: list[float]
     redis_usec_per_event_by_command: dict[str, float]
-    # Every repeat, in run order; the figures above are the run with the median events/s.
+    # Every repeat, in run order. Above: the run with the median events/s, its CPU figures
+    # replaced by their own medians over the runs.
     runs_events_per_s: list[float] = field(default_factory=list)
     runs_redis_cpu_us_per_event: list[float] = field(default_factory=list)
 
@@ -394,7 +399,8 @@ class Latency:
     # Over the payloads that arrived by the deadline only: what a saturated router delivered.
     arrived_p50_ms: float | None = None
     arrived_p99_ms: float | None = None
-    # Every repeat, in run order; the figures above are the run with the median p99.
+    # Every repeat, in run order. Above: the run with the median p99, its percentiles
+    # replaced by their own medians over the runs.
     runs_p50_ms: list[float | None] = field(default_factory=list)
     runs_p99_ms: list[float | None] = field(default_factory=list)
 
@@ -477,7 +483,7 @@ class Report:
     environment: dict[str, Any]
     # The commit of sections 1's baseline columns, or why they were skipped.
     baseline: dict[str, str | None]
-    # Per column key (RouterKind.key): the median run.
+    # Per column key (RouterKind.key): the medians over the rounds.
     throughput: dict[str, Throughput]
     latency: dict[str, Latency]
     ratios: dict[str, float] = field(default_factory=dict)
@@ -496,6 +502,12 @@ DEFINITIONS = {
         "lag 0 and pending 0 on all 4 shards. Router start-up is excluded and shown as startup_s"
     ),
     "startup_s": "router spawn to every router reading its shards (before t_open)",
+    "medians": (
+        "events/s and each CPU per event figure are the median (the lower of an even count) "
+        "over the rounds, each taken on its own; the other drain figures (drain time, "
+        "verdicts, batch size, shares, commandstats) are those of the run with the median "
+        "events/s"
+    ),
     "redis_cpu_us_per_event": (
         "streams redis-server used_cpu_sys + used_cpu_user (INFO cpu) at t_drained minus at "
         "t_open, per entry; includes the benchmark's own XINFO polling and the routers' "
@@ -512,8 +524,8 @@ DEFINITIONS = {
         "subscriber receive time (time.time() when the socket chunk was read) - the entry id's "
         "millisecond part (redis-server clock, same host); the id truncates to the millisecond, "
         "so figures read up to 1 ms high; payloads not received by the deadline rank as infinite "
-        "in p50..max, and are left out of arrived_p50/arrived_p99; the run with the median p99 "
-        "is shown"
+        "in p50..max, and are left out of arrived_p50/arrived_p99; each percentile is the median "
+        "(the lower of an even count) of that percentile over the rounds"
     ),
     "baseline": (
         "the worker of --baseline-ref (src/ extracted with git archive into a temporary "
@@ -574,7 +586,7 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
     }
 
     def workload_of(kind: RouterKind) -> Workload:
-        return workloads["baseline" if kind.key in ("naive", "read_count_1") else "main"]
+        return workloads["baseline" if kind.key in SMALLER_RUNS else "main"]
 
     with redis_servers() as (streams, pubsub):
 
@@ -619,7 +631,7 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
         for round_ in range(1, args.latency_repeats + 1):
             for kind in kinds:
                 fresh()
-                smaller = kind.key in ("naive", "read_count_1")
+                smaller = kind.key in SMALLER_RUNS
                 paced_run = measure_latency(
                     streams,
                     pubsub,
@@ -668,20 +680,33 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _median_run(runs: Sequence[Throughput]) -> Throughput:
-    """The run with the median events/s, carrying every run's headline figures."""
+    """The run with the median events/s, its rates and CPU figures each the median over runs.
+
+    Each figure's own median (the lower one of an even count: a measured value): the run with
+    the median events/s need not be the one with the median CPU per event.
+    """
     median = sorted(runs, key=lambda t: t.events_per_s)[(len(runs) - 1) // 2]
     median.runs_events_per_s = [round(t.events_per_s) for t in runs]
     median.runs_redis_cpu_us_per_event = [round(t.redis_cpu_us_per_event, 1) for t in runs]
+    median.redis_cpu_us_per_event = median_low(t.redis_cpu_us_per_event for t in runs)
+    median.pubsub_cpu_us_per_event = median_low(t.pubsub_cpu_us_per_event for t in runs)
+    median.worker_cpu_us_per_event = median_low(t.worker_cpu_us_per_event for t in runs)
     return median
 
 
 def _median_latency(runs: Sequence[Latency]) -> Latency:
-    """The run with the median p99 (not measured ranks last), carrying every run's p50 and p99."""
-    ranked = sorted(runs, key=lambda lat: math.inf if lat.p99_ms is None else lat.p99_ms)
-    median = ranked[(len(runs) - 1) // 2]
+    """The run with the median p99, each percentile the median over runs (None: infinite)."""
+    median = sorted(runs, key=lambda lat: _finite(lat.p99_ms))[(len(runs) - 1) // 2]
     median.runs_p50_ms = [lat.p50_ms for lat in runs]
     median.runs_p99_ms = [lat.p99_ms for lat in runs]
+    for name in ("p50_ms", "p90_ms", "max_ms", "arrived_p50_ms", "arrived_p99_ms"):
+        value = median_low(_finite(getattr(lat, name)) for lat in runs)
+        setattr(median, name, None if math.isinf(value) else value)
     return median
+
+
+def _finite(value: float | None) -> float:
+    return math.inf if value is None else value
 
 
 def _ratios(report: Report) -> dict[str, float]:
@@ -775,7 +800,7 @@ def print_report(report: Report) -> None:
         f"eco-router benchmark: {env['cpus']} CPUs, Python {env['python']}, "
         f"redis-server {env['redis_server']}, {FAMILY.shards} shards; "
         f"{config['repeats']} interleaved drain round(s), {config['latency_repeats']} paced "
-        "round(s); each column shows its median run"
+        "round(s); each figure is its column's median over the rounds"
     )
     _print_order_section(report)
     _print_scaling_section(report)
