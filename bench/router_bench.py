@@ -4,7 +4,7 @@ Run from the repository root: `.venv/bin/python -m bench.router_bench` (or `make
 
 Every run gets freshly started throwaway redis-server processes (one for streams, one for
 Pub/Sub) and fresh router subprocesses, so runs do not see each other's data or state keys.
-Runs of the columns being compared are interleaved (A, B, C, A, B, C, ...) and each column
+Runs of the columns being compared are interleaved (A, B, C, B, C, A, ...) and each column
 reports medians over the rounds, so a machine that slows down for a while slows every column
 alike.
 
@@ -607,7 +607,7 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
         )
         drains: dict[str, list[Throughput]] = {k.key: [] for k in kinds}
         for round_ in range(1, args.repeats + 1):
-            for kind in kinds:
+            for kind in _rotated(kinds, round_):
                 fresh()
                 drain = measure_throughput(streams, pubsub, kind=kind, workload=workload_of(kind))
                 drains[kind.key].append(drain)
@@ -629,7 +629,7 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
         )
         paced: dict[str, list[Latency]] = {k.key: [] for k in kinds}
         for round_ in range(1, args.latency_repeats + 1):
-            for kind in kinds:
+            for kind in _rotated(kinds, round_):
                 fresh()
                 smaller = kind.key in SMALLER_RUNS
                 paced_run = measure_latency(
@@ -648,6 +648,13 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
                     f"{paced_run.received:,} / {paced_run.sent:,} received",
                 )
         report.latency = {key: _median_latency(runs) for key, runs in paced.items()}
+
+
+def _rotated(kinds: Sequence[RouterKind], round_: int) -> list[RouterKind]:
+    """The columns in the order of round `round_`: each round starts one column later, so no
+    column always runs first (on a freshly started server) or last."""
+    start = (round_ - 1) % len(kinds)
+    return [*kinds[start:], *kinds[:start]]
 
 
 def _baseline_jobs(args: argparse.Namespace) -> int:
