@@ -205,10 +205,12 @@ class ConsumeLoop:
         try:
             batch = await self._source.read_new(after, count=self._read_count)
             self._held.picked_up(streams_of(batch.deliveries))
-            for delivery in batch.deliveries:
-                held = self._held.get(delivery.stream)
-                if held is not None and held.token == tokens[delivery.stream]:
-                    held.last_id = delivery.entry_id
+            # Entries come in id order per stream: the last one of each is the new position.
+            last = {d.stream: d.entry_id for d in batch.deliveries}
+            for stream, entry_id in last.items():
+                held = self._held.get(stream)
+                if held is not None and held.token == tokens[stream]:
+                    held.last_id = entry_id
             return batch
         except TransientError:
             # The server may have read and lost only the reply: those entries are pending to
@@ -286,6 +288,9 @@ class ConsumeLoop:
         result = await self._route(batch, fence)
         for stream in result.fenced:
             self._lost(stream)
+        if not result.unsettled:
+            self._held.put_down(streams_of(batch))
+            return []
         kept = {(d.stream, d.entry_id) for d in result.unsettled}
         self._held.put_down(streams_of(d for d in batch if (d.stream, d.entry_id) not in kept))
         return result.unsettled
