@@ -222,6 +222,19 @@ class EventSourceContract:
         assert batch.gaps == {SCAN_0}
         assert ids(batch.deliveries) == [third, chat] or ids(batch.deliveries) == [chat, third]
 
+    async def test_entries_an_earlier_read_took_whose_reply_was_lost_are_a_gap(self) -> None:
+        source = await self.prepared_source()
+        [first] = await self.append_many(SCAN_0, 1)
+        await self.read_all(source)
+        await self.append(SCAN_0, fields_of(2))
+        await self.read_all(source)  # its reply never arrived; the client read again
+        third = await self.append(SCAN_0, fields_of(3))
+
+        batch = await source.read_new({SCAN_0: first}, count=10)
+
+        assert batch.gaps == {SCAN_0}
+        assert ids(batch.deliveries) == [third]
+
     async def test_no_gap_when_only_this_consumer_holds_entries_after_its_last(self) -> None:
         holder = await self.prepared_source("consumer-a")
         other = await self.prepared_source("consumer-b")

@@ -41,6 +41,14 @@ class ReadBatch:
     marks: Mapping[str, str] = field(default_factory=dict)
 
 
+def first_ids(deliveries: Sequence[Delivery]) -> dict[str, str]:
+    """The id of each stream's first entry among `deliveries` (which are in id order)."""
+    first: dict[str, str] = {}
+    for delivery in deliveries:
+        first.setdefault(delivery.stream, delivery.entry_id)
+    return first
+
+
 def drained_marks(
     deliveries: Sequence[Delivery], after: Mapping[str, str], count: int
 ) -> dict[str, str]:

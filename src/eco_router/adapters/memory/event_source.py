@@ -13,6 +13,7 @@ from eco_router.application.messages import (
     ReadBatch,
     ShardStats,
     drained_marks,
+    first_ids,
 )
 from eco_router.application.ports import EventSource
 from eco_router.domain.event import StreamEntryId
@@ -58,16 +59,19 @@ class InMemoryEventSource(EventSource):
             for stream, entries in taken.items()
             for entry_id, fields in entries
         ]
-        gaps = frozenset(s for s, last in after.items() if self._taken_by_another(s, last))
+        first = first_ids(deliveries)
+        gaps = frozenset(s for s, last in after.items() if self._gap(s, last, first.get(s)))
         return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
 
-    def _taken_by_another(self, stream: str, last: str) -> bool:
+    def _gap(self, stream: str, last: str, first_read: str | None) -> bool:
+        """Whether the first entry pending after `last` is not this read's first one."""
         floor = StreamEntryId.parse(last)
         pending = self.streams.pending(stream, self._group)
-        later = sorted(
-            (i for i in pending if StreamEntryId.parse(i) > floor), key=StreamEntryId.parse
-        )
-        return bool(later) and pending[later[0]].consumer != self._consumer
+        later = [i for i in pending if StreamEntryId.parse(i) > floor]
+        if not later:
+            return False
+        lowest = min(later, key=StreamEntryId.parse)
+        return pending[lowest].consumer != self._consumer or lowest != first_read
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         self._check()

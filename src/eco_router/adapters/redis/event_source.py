@@ -18,6 +18,7 @@ from eco_router.application.messages import (
     ReadBatch,
     ShardStats,
     drained_marks,
+    first_ids,
 )
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
@@ -63,17 +64,23 @@ class RedisStreamEventSource(EventSource):
         deliveries = [
             d for stream, entries in replies[0] for d in self._deliveries(stream, entries)
         ]
+        first = first_ids(deliveries)
         gaps = frozenset(
             stream
             for stream, pending in zip(streams, replies[1:], strict=True)
-            if pending and _text(pending[0]["consumer"]) != self._consumer
+            if pending
+            and (
+                _text(pending[0]["consumer"]) != self._consumer
+                or _text(pending[0]["message_id"]) != first.get(stream)
+            )
         )
         return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
 
     async def _read_and_look_behind(self, after: Mapping[str, str], count: int) -> list[Any]:
         """XREADGROUP, then per shard the first entry pending after `after`: the read's own
-        first entry, or one another consumer took before it (checked after the read, so
-        nothing read before it goes unseen)."""
+        first entry, one another consumer took before it, or one an earlier read of this
+        consumer took whose reply was lost (and the client retried). It is looked up after
+        the read, so nothing read before it goes unseen."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.xreadgroup(self._group, self._consumer, dict.fromkeys(after, ">"), count=count)
             for stream, last in after.items():
