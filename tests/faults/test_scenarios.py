@@ -434,7 +434,11 @@ class TestBacklogThenKill:
         doomed = max(workers, key=lambda w: sum(o == w.name for o in owners.values()))
         doomed_shards = [s for s, o in owners.items() if o == doomed.name]
 
+        # Frozen while the backlog lands (far less than its lease), so it is caught holding
+        # the first batch of it, with the rest of its shards' backlog unread.
+        os.kill(doomed.process.pid, signal.SIGSTOP)
         await rig.start_load()
+        os.kill(doomed.process.pid, signal.SIGCONT)
         held = await _catch_holding(rig, doomed)
         unrouted = rig.unpublished(doomed_shards)
         doomed.kill()
