@@ -246,11 +246,11 @@ class TestPoisonStorm:
 
 
 class TestTrimBeforeAck:
-    # Entries pending with a consumer that is not a router are left to the reclaimer, which
-    # runs every EVENT_ROUTER_RECLAIM_INTERVAL_S (60 s by default, first 60 s after start):
-    # XAUTOCLAIM drops entries deleted from the stream whatever their idle time, so they are
-    # acked and counted at its first pass, not after EVENT_ROUTER_RECLAIM_MIN_IDLE_MS (5 min).
-    # Each run takes about a minute.
+    # Entries pending with a consumer that is not a router are found by the holder's next
+    # read, which looks behind it for entries pending after its last one under another name,
+    # and takes the shard over again: they are claimed, found deleted, acked and counted. The
+    # reclaimer (every EVENT_ROUTER_RECLAIM_INTERVAL_S, 60 s; XAUTOCLAIM drops deleted
+    # entries whatever their idle time) would get them next, hence the bound on the wait.
     @fault_scenario(
         6,
         "trim-before-ack",
