@@ -37,6 +37,8 @@ class ConsumeLoop:
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
       memory, back off exponentially (bounded) and route it again; read nothing new meanwhile.
+      A read that failed may have taken entries whose reply was lost: its shards are taken
+      over again (their pending entries claimed and routed) before anything newer is read.
     - Any other error: log it and leave the batch pending for the reclaimer, which brings it
       back with its delivery count, so a poison entry ends in the dead-letter stream.
     - Stop: nothing new is read or claimed; the batch in flight is finished (routed and acked)
@@ -174,6 +176,9 @@ class ConsumeLoop:
             held = self._held.took_over(stream)
             if held is None:
                 continue
+            if held.again:
+                held.again = False
+                continue
             seconds = self._clock.monotonic() - held.acquired_s
             family = self._family_of[stream]
             self._metrics.taken_over(
@@ -198,6 +203,12 @@ class ConsumeLoop:
             batch = await self._source.read_new(tokens, count=self._read_count)
             self._held.picked_up(streams_of(batch.deliveries))
             return batch
+        except TransientError:
+            # The server may have read and lost only the reply: those entries are pending to
+            # this router now, older than anything a next read brings. Take the shards over
+            # again, so they are claimed and routed first.
+            self._held.take_over_again(tokens)
+            raise
         finally:
             self._held.put_down(tokens)
 

@@ -29,6 +29,7 @@ class HeldShard:
     phase: Phase = Phase.TAKING_OVER
     cursor: str = "0-0"
     claimed: int = 0
+    again: bool = False  # taken over again after a lost read reply, not from another holder
 
 
 class HeldShards:
@@ -69,6 +70,17 @@ class HeldShards:
             held.phase = Phase.READING
             self.changed.set()
         return held
+
+    def take_over_again(self, streams: Iterable[str]) -> None:
+        """Back to taking over for the reading shards among `streams`: what is pending on
+        them (a read whose reply was lost) is claimed and routed before new entries."""
+        for stream in streams:
+            held = self._held.get(stream)
+            if held is not None and held.phase is Phase.READING:
+                held.phase = Phase.TAKING_OVER
+                held.cursor = "0-0"
+                held.again = True
+                self.changed.set()
 
     def start_release(self, stream: str) -> None:
         held = self._held.get(stream)

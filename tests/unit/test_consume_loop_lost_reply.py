@@ -1,0 +1,48 @@
+"""ConsumeLoop when the server read entries but its reply never arrived (a cut connection)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.application.errors import TransientError
+from eco_router.application.messages import ReadBatch
+from tests.unit.factories import GROUP, Harness, eventually
+
+
+class LosingOneReply(InMemoryEventSource):
+    """Reads as the server does (the entries become pending to this consumer), then loses
+    the reply of the first read that brought entries once `lose_next` is set."""
+
+    lose_next = False
+
+    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
+        batch = await super().read_new(tokens, count=count)
+        if self.lose_next and batch.deliveries:
+            self.lose_next = False
+            raise TransientError("connection reset after the server had read")
+        return batch
+
+
+class TestLostReadReply:
+    async def test_entries_read_with_a_lost_reply_are_routed_before_newer_ones(self) -> None:
+        h = Harness()
+        source = LosingOneReply(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source).run(stop))
+        try:
+            await eventually(h.groups_ready)
+            source.lose_next = True
+            h.xadd("job-1", 1)
+            await eventually(lambda: not source.lose_next)
+            h.xadd("job-1", 2)
+
+            await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.pending() == {}
