@@ -133,12 +133,14 @@ class ConsumeLoop:
             return await self._take_read(await read, tokens, stop)
         if stop.is_set():
             return [], {}
+        # Cleared before looking, so a shard gained while a claim below awaits still wakes
+        # the wait for work.
+        self._held.changed.clear()
         for stream in self._held.taking_over():
             claimed = await self._claim_left(stream)
             if claimed is not None:
                 return claimed
         tokens = self._held.tokens([Phase.READING])
-        self._held.changed.clear()
         if not tokens:
             await self._wait_for_work(stop)
             return [], {}
