@@ -51,8 +51,9 @@ run: venv
 worker: venv
 	$(BIN)/eco-router worker
 
+# QUICK=1: smaller backlogs and one round, about a minute.
 bench: venv redis-server
-	$(BIN)/python -m bench.router_bench
+	$(BIN)/python -m bench.router_bench $(if $(QUICK),--quick)
 
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench

@@ -2,279 +2,170 @@
 
 Run from the repository root: `.venv/bin/python -m bench.router_bench` (or `make bench`).
 
-Every phase gets freshly started throwaway redis-server processes (one for streams, one for
-Pub/Sub) and a fresh router subprocess, so phases do not see each other's data or state keys.
+Every run gets freshly started throwaway redis-server processes (one for streams, one for
+Pub/Sub) and fresh router subprocesses, so runs do not see each other's data or state keys.
+Runs of the columns being compared are interleaved (A, B, C, B, C, A, ...) and each column
+reports medians over the rounds, so a machine that slows down for a while slows every column
+alike.
 
-- Throughput: the four `scan:events` shards are pre-filled (pipelined XADD) with a realistic mix,
-  including retried duplicates and late (out-of-order) events, then a router drains them.
-- Latency: a separate producer process XADDs at a paced rate while this process, psubscribed to
-  `sse:events:*`, timestamps every published payload; latency = receive time - entry id time.
-- Baseline: the same with `bench/one_at_a_time.py`, a naive router that reads, applies, publishes
-  and acks one event at a time, on a smaller fill and a bounded paced run; and, as a secondary
-  figure, the worker itself with EVENT_ROUTER_READ_COUNT=1 (COUNT is per stream, so that still
-  reads up to one entry per shard).
+1. One router with and without the order mechanism: this tree's worker (order by shard
+   leases) next to the worker of a baseline commit from before the leases (`--baseline-ref`),
+   with its per-batch order check switched off (EVENT_ROUTER_ORDER_WAIT_MS=0) and on (its
+   default).
+2. 1, 2 and 4 routers of this tree draining the same backlog: events/s, streams Redis CPU
+   per event, each router's share.
+3. Batching: the worker next to `bench/one_at_a_time.py`, a naive router that reads,
+   applies, publishes and acks one event at a time (smaller backlog, bounded paced run), and,
+   as a secondary figure, the worker at EVENT_ROUTER_READ_COUNT=1.
+
+Throughput: the four `scan:events` shards are pre-filled with a realistic mix (retried
+duplicates, late events) out of the group's sight; once every router reads, the whole backlog
+is shown to the group at once and the routers drain it. Latency: a producer process XADDs at a
+paced rate while this process, psubscribed to `sse:events:*`, timestamps every published
+payload; latency = receive time - entry id time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import random
 import select
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median_low
 from typing import Any
 
 import hiredis
 import orjson
 import redis
 
+from bench.backlog import (
+    FAMILY,
+    Workload,
+    fill_hidden,
+    group_state,
+    make_workload,
+    open_gate,
+    stream_of,
+)
+from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, ms, percentile, run_benchmark, step
-from bench.router_process import RouterProcess, eco_router_command, eco_router_env
-from eco_router.domain.streams import StreamFamily, shard_for
+from bench.router_process import RouterProcess
+from bench.routers import BATCHED_READ_COUNT, RouterKind, wait_until_reading
 from eco_router.testing import RedisServer
 
-FAMILY = StreamFamily("scan:events", 4)
-GROUP = "eventrouter"
 CHANNEL_PATTERN = "sse:events:*"
 RESULTS_PATH = RESULTS_DIR / "router.json"
+DEFAULT_BASELINE_REF = "5c0e832"
+ORDER_WAIT_SETTING = "EVENT_ROUTER_ORDER_WAIT_MS"
+# The columns that drain the smaller backlog and run the shorter paced run.
+SMALLER_RUNS = frozenset({"naive", "read_count_1"})
 
-BATCHED_READ_COUNT = 100
-DUPLICATE_SHARE = 0.05
-LATE_SHARE = 0.03
-FILL_PIPELINE = 1_000
 POLL_INTERVAL_S = 0.01
 DRAIN_TIMEOUT_S = 120.0
-WORKER_READY_TIMEOUT_S = 30.0
 # The commands the apply scripts call; commandstats counts them inside EVALSHA's time too.
 SCRIPT_COMMANDS = frozenset({"hmget", "hset", "rpush", "set", "ltrim", "expire"})
-STAGES = ("fetch", "resolve", "scan", "analyze", "report")
+
+# What a full run and a --quick one use for every option left unset.
+FULL = {
+    "events": 20_000,
+    "jobs": 2_000,
+    "seconds": 5.0,
+    "wait_after": 10.0,
+    "repeats": 5,
+    "latency_repeats": 5,
+    "baseline_events": 5_000,
+    "baseline_seconds": 2.0,
+    "baseline_wait_after": 3.0,
+}
+QUICK = {
+    "events": 5_000,
+    "jobs": 500,
+    "seconds": 2.0,
+    "wait_after": 5.0,
+    "repeats": 1,
+    "latency_repeats": 1,
+    "baseline_events": 2_000,
+    "baseline_seconds": 1.0,
+    "baseline_wait_after": 2.0,
+}
 
 
-# --------------------------------------------------------------------------- workload
+# --------------------------------------------------------------------------- the columns
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    """Entries in XADD order, and how many of them are retries and late arrivals."""
+class Columns:
+    """The router kinds of one run, by section; absent ones were skipped."""
 
-    entries: list[tuple[str, dict[str, str]]]
-    jobs: int
-    duplicates: int
-    late: int
+    leases: RouterKind
+    no_check: RouterKind | None
+    check: RouterKind | None
+    scaling: tuple[RouterKind, ...]  # leases with 1, then 2, 4, ... routers
+    naive: RouterKind | None
+    read_count_1: RouterKind | None
+
+    def throughput_kinds(self) -> list[RouterKind]:
+        """One round of drains, in the order they run."""
+        kinds = [self.leases, self.no_check, self.check, *self.scaling[1:]]
+        kinds += [self.naive, self.read_count_1]
+        return [k for k in kinds if k is not None]
+
+    def latency_kinds(self) -> list[RouterKind]:
+        """One round of paced runs, in the order they run."""
+        kinds = [self.leases, self.no_check, self.check, self.naive, self.read_count_1]
+        return [k for k in kinds if k is not None]
 
 
-def make_workload(events: int, jobs: int, seed: int) -> Workload:
-    """`events` entries for `jobs` jobs: queued, running, progress..., done (with result JSON).
-
-    Jobs run concurrently (their events interleave at random, each job's own in seq order).
-    ~5% of entries are retries (an entry added again, same job/seq/fields, a little later);
-    ~3% are late: held back and added only after 1-3 newer events of the same job.
-    """
-    rng = random.Random(seed)
-    duplicates = round(events * DUPLICATE_SHARE)
-    base = events - duplicates
-    if base < 3 * jobs:
-        raise SystemExit(f"--events {events} is too few for --jobs {jobs} (3+ events per job)")
-    job_ids = [f"scan-{i:06d}-{rng.getrandbits(32):08x}" for i in range(jobs)]
-    per_job = [base // jobs + (1 if i < base % jobs else 0) for i in range(jobs)]
-    streams = [stream_of(job_id) for job_id in job_ids]
-    started_ms = int(time.time() * 1000) - 600_000
-
-    # Jobs interleave at random; the key of each event is its place in the global order.
-    order = [j for j, n in enumerate(per_job) for _ in range(n)]
-    rng.shuffle(order)
-    next_seq = [0] * jobs
-    keyed: list[tuple[float, int, int]] = []  # (position, job, seq)
-    position_of: dict[tuple[int, int], int] = {}
-    for position, job in enumerate(order):
-        keyed.append((float(position), job, next_seq[job]))
-        position_of[(job, next_seq[job])] = position
-        next_seq[job] += 1
-
-    # Late: an event moves to just after the k-th newer event of its job (k = 1..3).
-    late_candidates = [i for i, (_, job, seq) in enumerate(keyed) if seq < per_job[job] - 1]
-    late_indices = rng.sample(
-        late_candidates, min(len(late_candidates), round(events * LATE_SHARE))
-    )
-    for i in late_indices:
-        _, job, seq = keyed[i]
-        newer = min(seq + rng.randint(1, 3), per_job[job] - 1)
-        keyed[i] = (position_of[(job, newer)] + 0.5, job, seq)
-
-    # Retries: the same event again, 1-400 positions later (a producer retrying after a timeout).
-    for i in rng.sample(range(len(keyed)), duplicates):
-        at, job, seq = keyed[i]
-        keyed.append((at + rng.randint(1, 400) + 0.25, job, seq))
-
-    keyed.sort()
-    entries = [
-        (streams[job], _job_fields(job_ids[job], seq, per_job[job], started_ms, rng))
-        for _, job, seq in keyed
+def make_columns(args: argparse.Namespace, baseline: BaselineSource | None) -> Columns:
+    leases = RouterKind("leases", "leases (this tree)", BATCHED_READ_COUNT)
+    scaling = [leases]
+    scaling += [
+        RouterKind(f"leases_{n}_routers", f"{n} routers", BATCHED_READ_COUNT, routers=n)
+        for n in args.routers
+        if n > 1
     ]
-    return Workload(entries, jobs, duplicates, len(late_indices))
-
-
-def _job_fields(
-    job_id: str, seq: int, count: int, started_ms: int, rng: random.Random
-) -> dict[str, str]:
-    """The fields of a job's `seq`-th of `count` events (deterministic apart from ts jitter)."""
-    last = count - 1
-    fields = {"job_id": job_id, "seq": str(seq), "ts": str(started_ms + seq * 250)}
-    if seq == 0:
-        fields.update(stage="queued", status="queued", progress="0")
-    elif seq == last:
-        findings = (seq * 7919 + len(job_id)) % 40
-        result = {
-            "findings": findings,
-            "severity": {"high": findings // 8, "medium": findings // 3, "low": findings},
-            "score": round(100 - findings * 1.7, 1),
-            "report_url": f"https://reports.example.com/scan/{job_id}.html",
-            "duration_ms": seq * 250 + rng.randint(0, 99),
-        }
-        fields.update(stage="done", status="done", progress="100", result=json.dumps(result))
-    else:
-        progress = seq * 100 // last
-        fields.update(
-            stage=STAGES[min(len(STAGES) - 1, progress * len(STAGES) // 100)],
-            status="running",
-            progress=str(progress),
-            worker=f"scanner-{sum(job_id.encode()) % 8}",
+    no_check = check = None
+    if baseline is not None:
+        no_check = RouterKind(
+            "baseline_no_check",
+            f"{baseline.commit} check off",
+            BATCHED_READ_COUNT,
+            source=baseline,
+            settings=((ORDER_WAIT_SETTING, "0"),),
         )
-    return fields
-
-
-def fill(client: redis.Redis, entries: Sequence[tuple[str, dict[str, str]]]) -> float:
-    """XADD every entry in pipelines of FILL_PIPELINE; returns the seconds it took."""
-    started = time.perf_counter()
-    for start in range(0, len(entries), FILL_PIPELINE):
-        pipe = client.pipeline(transaction=False)
-        for stream, fields in entries[start : start + FILL_PIPELINE]:
-            pipe.xadd(stream, fields)  # type: ignore[arg-type]
-        pipe.execute()
-    return time.perf_counter() - started
-
-
-# --------------------------------------------------------------------------- router processes
-
-
-@dataclass(frozen=True, slots=True)
-class RouterKind:
-    """Which router a phase runs: `eco-router worker` at a READ_COUNT, or the naive baseline."""
-
-    name: str
-    read_count: int | None  # None: bench/one_at_a_time.py
-
-    @property
-    def reads(self) -> str:
-        """What one XREADGROUP asks for."""
-        if self.read_count is None:
-            return "COUNT 1, 1 stream"
-        return f"COUNT {self.read_count}, {FAMILY.shards} streams"
-
-    def spawn(self, streams_url: str, pubsub_url: str, *, name: str) -> RouterProcess:
-        if self.read_count is None:
-            return NaiveRouter(streams_url, pubsub_url, name=name)
-        return Worker(streams_url, pubsub_url, read_count=self.read_count, name=name)
-
-
-BATCHED = RouterKind("batched", BATCHED_READ_COUNT)
-READ_COUNT_1 = RouterKind("READ_COUNT=1", 1)
-NAIVE = RouterKind("naive", None)
-
-
-class Worker(RouterProcess):
-    """`eco-router worker`; its figures come from its /metrics page just before it stops."""
-
-    def __init__(self, streams_url: str, pubsub_url: str, *, read_count: int, name: str) -> None:
-        env = eco_router_env(
-            streams_url,
-            pubsub_url,
-            EVENT_ROUTER_STREAMS=f"{FAMILY.prefix}={FAMILY.shards}",
-            EVENT_ROUTER_CONSUMER_GROUP=GROUP,
-            EVENT_ROUTER_CONSUMER_NAME=name,
-            EVENT_ROUTER_READ_COUNT=str(read_count),
-            EVENT_ROUTER_HTTP_HOST="127.0.0.1",
-            EVENT_ROUTER_HTTP_PORT="0",
-            EVENT_ROUTER_LOG_LEVEL="WARNING",
+        # Its own default wait (1000 ms at the default ref): the design as it shipped.
+        check = RouterKind(
+            "baseline_check", f"{baseline.commit} check on", BATCHED_READ_COUNT, source=baseline
         )
-        super().__init__(eco_router_command("worker"), env=env, name=name)
-
-    def http_url(self) -> str | None:
-        port = self._http_port()
-        return None if port is None else f"http://127.0.0.1:{port}"
-
-    def metrics(self) -> dict[str, float]:
-        """Verdict counts and batch sizes from the worker's /metrics, or {} if unreachable."""
-        return self.router_figures()
-
-    def _before_stop(self) -> None:
-        self.figures = self.metrics()
-
-    def _http_port(self) -> int | None:
-        """The port the worker listens on (it was given port 0), from /proc socket inodes."""
-        fd_dir = Path(f"/proc/{self.process.pid}/fd")
-        inodes = set()
-        for fd in fd_dir.iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            for line in Path(table).read_text().splitlines()[1:]:
-                parts = line.split()
-                if parts[3] == "0A" and parts[9] in inodes:  # 0A = LISTEN
-                    return int(parts[1].rpartition(":")[2], 16)
-        return None
+    naive = read_count_1 = None
+    if not args.skip_baseline:
+        naive = RouterKind("naive", "naive one-at-a-time", None)
+        if not args.skip_read_count_1:
+            read_count_1 = RouterKind("read_count_1", "worker READ_COUNT=1", 1)
+    return Columns(leases, no_check, check, tuple(scaling), naive, read_count_1)
 
 
-class NaiveRouter(RouterProcess):
-    """`python -m bench.one_at_a_time`; its figures come from the summary line it prints on exit."""
-
-    def __init__(self, streams_url: str, pubsub_url: str, *, name: str) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "bench.one_at_a_time",
-            "--streams-url",
-            streams_url,
-            "--pubsub-url",
-            pubsub_url,
-            "--group",
-            GROUP,
-            "--consumer",
-            name,
-            "--prefix",
-            FAMILY.prefix,
-            "--shards",
-            str(FAMILY.shards),
+@contextmanager
+def running(
+    kind: RouterKind, streams: RedisServer, pubsub: RedisServer, *, phase: str
+) -> Iterator[list[RouterProcess]]:
+    """`kind`'s router processes, stopped (last started first) on the way out."""
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(kind.spawn(streams.url, pubsub.url, name=name))
+            for name in kind.names(phase)
         ]
-        super().__init__(command, env=dict(os.environ), name=name)
-
-    def _after_stop(self) -> None:
-        text = Path(self._log.name).read_text(errors="replace")
-        summaries = [line for line in text.splitlines() if line.startswith("summary ")]
-        if not summaries:
-            return
-        counts: dict[str, int] = orjson.loads(summaries[-1].removeprefix("summary "))
-        self.figures = {name: float(value) for name, value in counts.items()}
-        # One entry per read that found one: the same figures the worker's histogram gives.
-        self.figures["batch_size_sum"] = float(
-            sum(counts.get(v, 0) for v in ("new", "duplicate", "stale", "invalid"))
-        )
-        self.figures["batch_size_count"] = float(counts.get("reads", 0) - counts.get("empty", 0))
 
 
 # --------------------------------------------------------------------------- Redis probes
@@ -291,137 +182,93 @@ def command_usec(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(s["usec"]) for name, s in stats.items()}
 
 
-@dataclass(slots=True)
-class GroupState:
-    """The consumer group on every shard: whether it exists, what it read, what is left."""
-
-    exists: bool
-    entries_read: int
-    lag: int
-    pending: int
-
-    @property
-    def drained(self) -> bool:
-        return self.exists and self.lag == 0 and self.pending == 0
-
-
-def group_state(client: redis.Redis) -> GroupState:
-    pipe = client.pipeline(transaction=False)
-    for stream in FAMILY.streams:
-        pipe.xinfo_groups(stream)
-    replies = pipe.execute(raise_on_error=False)
-    state = GroupState(exists=True, entries_read=0, lag=0, pending=0)
-    for reply in replies:
-        group = None
-        if isinstance(reply, list):
-            group = next((g for g in reply if _text(g.get("name")) == GROUP), None)
-        if group is None:
-            state.exists = False
-            continue
-        state.entries_read += int(group.get("entries-read") or 0)
-        state.pending += int(group.get("pending") or 0)
-        lag = group.get("lag")
-        # Redis reports no lag when it cannot tell; count that as not drained.
-        state.lag += int(lag) if lag is not None else 1
-    return state
-
-
-def wait_for_groups(client: redis.Redis, router: RouterProcess) -> None:
-    """Until the router has created its group on every shard (it reads right after)."""
-    deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
-    while not group_state(client).exists:
-        router.check_alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{router.name} created no groups in {WORKER_READY_TIMEOUT_S}s")
-        time.sleep(POLL_INTERVAL_S)
-
-
-def stream_of(job_id: str) -> str:
-    """The shard a producer writes `job_id` to: the router's own md5 rule."""
-    return f"{FAMILY.prefix}:{shard_for(job_id, FAMILY.shards)}"
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 # --------------------------------------------------------------------------- throughput
 
 
 @dataclass(slots=True)
 class Throughput:
-    """A drain of a pre-filled backlog."""
+    """A drain of a pre-filled backlog by one or more routers."""
 
     router: str
     reads: str
+    routers: int
     events: int
     jobs: int
     duplicates_added: int
     late_added: int
     fill_s: float
+    startup_s: float
     drain_s: float
-    wall_from_spawn_s: float
     events_per_s: float
     redis_cpu_us_per_event: float
     pubsub_cpu_us_per_event: float
     worker_cpu_us_per_event: float
     mean_batch_size: float | None
     verdicts: dict[str, int]
+    # Per router, in start order: shards held when the drain began, share of the events.
+    shards_held: list[int]
+    shares: list[float]
     redis_usec_per_event_by_command: dict[str, float]
-    # Every repeat, in run order; the figures above are the run with the median events/s.
+    # Every repeat, in run order. Above: the run with the median events/s, its CPU figures
+    # replaced by their own medians over the runs.
     runs_events_per_s: list[float] = field(default_factory=list)
     runs_redis_cpu_us_per_event: list[float] = field(default_factory=list)
 
 
 def measure_throughput(
-    streams: RedisServer,
-    pubsub: RedisServer,
-    *,
-    kind: RouterKind,
-    events: int,
-    jobs: int,
-    seed: int,
+    streams: RedisServer, pubsub: RedisServer, *, kind: RouterKind, workload: Workload
 ) -> Throughput:
-    workload = make_workload(events, jobs, seed)
     client = redis.Redis.from_url(streams.url)
     pubsub_client = redis.Redis.from_url(pubsub.url)
     try:
-        fill_s = fill(client, workload.entries)
-        client.config_resetstat()
-        cpu_before = redis_cpu_seconds(client)
-        pubsub_cpu_before = redis_cpu_seconds(pubsub_client)
-        name = f"bench-drain-{_slug(kind.name)}"
-        with kind.spawn(streams.url, pubsub.url, name=name) as router:
-            first_read_at, worker_cpu_at_first, drained_at = _watch_drain(client, router, events)
-            worker_cpu = router.cpu_seconds() - worker_cpu_at_first
+        backlog = fill_hidden(client, workload)
+        spawned = time.monotonic()
+        with running(kind, streams, pubsub, phase="drain") as routers:
+            held = wait_until_reading(client, routers)
+            startup_s = time.monotonic() - spawned
+            client.config_resetstat()
+            cpu_before = redis_cpu_seconds(client)
+            pubsub_cpu_before = redis_cpu_seconds(pubsub_client)
+            router_cpu_before = sum(r.cpu_seconds() for r in routers)
+            opened_at = open_gate(client, backlog)
+            drained_at = _watch_drain(client, routers, backlog.events)
+            router_cpu = sum(r.cpu_seconds() for r in routers) - router_cpu_before
             cpu_after = redis_cpu_seconds(client)
             pubsub_cpu_seconds = redis_cpu_seconds(pubsub_client) - pubsub_cpu_before
             usec = command_usec(client)
-            wall_from_spawn = drained_at - router.started
-        metrics = router.figures  # collected as it stopped
+        figures = [r.figures for r in routers]  # collected as each stopped
     finally:
         client.close()
         pubsub_client.close()
-    drain_s = drained_at - first_read_at
-    batches = metrics.get("batch_size_count")
+    events = backlog.events
+    drain_s = drained_at - opened_at
+    routed = [sum(f.get(v, 0.0) for v in ("new", "duplicate", "stale", "invalid")) for f in figures]
+    batches = sum(f.get("batch_size_count", 0.0) for f in figures)
     return Throughput(
-        router=kind.name,
+        router=kind.title,
         reads=kind.reads,
+        routers=kind.routers,
         events=events,
-        jobs=jobs,
+        jobs=workload.jobs,
         duplicates_added=workload.duplicates,
         late_added=workload.late,
-        fill_s=fill_s,
+        fill_s=backlog.fill_s,
+        startup_s=startup_s,
         drain_s=drain_s,
-        wall_from_spawn_s=wall_from_spawn,
         events_per_s=events / drain_s,
         redis_cpu_us_per_event=(cpu_after - cpu_before) * 1e6 / events,
         pubsub_cpu_us_per_event=pubsub_cpu_seconds * 1e6 / events,
-        worker_cpu_us_per_event=worker_cpu * 1e6 / events,
-        mean_batch_size=metrics["batch_size_sum"] / batches if batches else None,
+        worker_cpu_us_per_event=router_cpu * 1e6 / events,
+        mean_batch_size=(
+            sum(f.get("batch_size_sum", 0.0) for f in figures) / batches if batches else None
+        ),
         verdicts={
-            v: int(metrics[v]) for v in ("new", "duplicate", "stale", "invalid") if v in metrics
+            v: int(sum(f.get(v, 0.0) for f in figures))
+            for v in ("new", "duplicate", "stale", "invalid")
+            if any(v in f for f in figures)
         },
+        shards_held=[held[r.name] for r in routers],
+        shares=[n / sum(routed) if sum(routed) else math.nan for n in routed],
         redis_usec_per_event_by_command={
             name: round(us / events, 2)
             for name, us in sorted(usec.items(), key=lambda item: -item[1])
@@ -430,21 +277,16 @@ def measure_throughput(
     )
 
 
-def _watch_drain(
-    client: redis.Redis, router: RouterProcess, events: int
-) -> tuple[float, float, float]:
-    """Poll XINFO GROUPS: (first read seen, worker CPU then, drained seen), monotonic times."""
+def _watch_drain(client: redis.Redis, routers: Sequence[RouterProcess], events: int) -> float:
+    """Poll XINFO GROUPS until no shard has lag or pending entries; the monotonic time then."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    first_read_at: float | None = None
-    worker_cpu_at_first = 0.0
     while True:
         state = group_state(client)
         now = time.monotonic()
-        if first_read_at is None and state.exists and (state.entries_read or state.pending):
-            first_read_at, worker_cpu_at_first = now, router.cpu_seconds()
-        if first_read_at is not None and state.drained:
-            return first_read_at, worker_cpu_at_first, now
-        router.check_alive()
+        if state.drained:
+            return now
+        for router in routers:
+            router.check_alive()
         if now > deadline:
             raise RuntimeError(
                 f"not drained after {DRAIN_TIMEOUT_S}s: lag {state.lag}, pending {state.pending} "
@@ -557,7 +399,10 @@ class Latency:
     # Over the payloads that arrived by the deadline only: what a saturated router delivered.
     arrived_p50_ms: float | None = None
     arrived_p99_ms: float | None = None
-    note: str = ""
+    # Every repeat, in run order. Above: the run with the median p99, its percentiles
+    # replaced by their own medians over the runs.
+    runs_p50_ms: list[float | None] = field(default_factory=list)
+    runs_p99_ms: list[float | None] = field(default_factory=list)
 
 
 def measure_latency(
@@ -571,10 +416,9 @@ def measure_latency(
     wait_after_s: float,
 ) -> Latency:
     client = redis.Redis.from_url(streams.url)
-    name = f"bench-live-{_slug(kind.name)}"
     try:
-        with kind.spawn(streams.url, pubsub.url, name=name) as router:
-            wait_for_groups(client, router)
+        with running(kind, streams, pubsub, phase="live") as routers:
+            wait_until_reading(client, routers)
             subscriber = Subscriber(pubsub.port)
             try:
                 with ProducerProcess(
@@ -600,7 +444,7 @@ def measure_latency(
     # Payloads not received by the deadline count as infinitely late, not as absent.
     ranked = latencies + [math.inf] * missing
     return Latency(
-        router=kind.name,
+        router=kind.title,
         reads=kind.reads,
         target_rate=rate,
         achieved_rate=sent / produce_s,
@@ -630,10 +474,6 @@ def _drained_within(client: redis.Redis, *, deadline: float) -> float | None:
         time.sleep(POLL_INTERVAL_S)
 
 
-def _slug(name: str) -> str:
-    return name.lower().replace("=", "")
-
-
 # --------------------------------------------------------------------------- orchestration
 
 
@@ -641,33 +481,57 @@ def _slug(name: str) -> str:
 class Report:
     config: dict[str, Any]
     environment: dict[str, Any]
-    batched_throughput: Throughput
-    batched_latency: Latency
-    naive_throughput: Throughput | None = None
-    naive_latency: Latency | None = None
-    read_count_1_throughput: Throughput | None = None
-    read_count_1_latency: Latency | None = None
+    # The commit of sections 1's baseline columns, or why they were skipped.
+    baseline: dict[str, str | None]
+    # Per column key (RouterKind.key): the medians over the rounds.
+    throughput: dict[str, Throughput]
+    latency: dict[str, Latency]
     ratios: dict[str, float] = field(default_factory=dict)
     definitions: dict[str, str] = field(default_factory=dict)
 
 
 DEFINITIONS = {
     "events_per_s": (
-        "entries drained / (t_drained - t_first_read); t_first_read = first XINFO GROUPS poll "
-        f"(every {POLL_INTERVAL_S * 1000:.0f} ms) showing entries-read or pending > 0, "
-        "t_drained = first poll showing lag 0 and pending 0 on all 4 shards; router start-up "
-        "(interpreter, imports, connections) is excluded and reported separately as wall_from_spawn"
+        "entries drained / (t_drained - t_open); the backlog is written before the routers "
+        "start, with the group at the end of every shard and each shard's last entry held "
+        "back; once every router reads (one of its streams connections last sent XREAD or "
+        "XREADGROUP, CLIENT LIST; with several routers, besides, every shard's lease has an "
+        "owner, the owners are balanced and each of them reads), one MULTI "
+        "moves the group to 0 and adds the held-back entries: t_open is just before it; "
+        f"t_drained = first XINFO GROUPS poll (every {POLL_INTERVAL_S * 1000:.0f} ms) showing "
+        "lag 0 and pending 0 on all 4 shards. Router start-up is excluded and shown as startup_s"
+    ),
+    "startup_s": "router spawn to every router reading its shards (before t_open)",
+    "medians": (
+        "events/s and each CPU per event figure are the median (the lower of an even count) "
+        "over the rounds, each taken on its own; the other drain figures (drain time, "
+        "verdicts, batch size, shares, commandstats) are those of the run with the median "
+        "events/s"
     ),
     "redis_cpu_us_per_event": (
-        "streams redis-server used_cpu_sys + used_cpu_user (INFO cpu) after the drain minus "
-        "before the router started, per entry; includes the benchmark's own XINFO polling"
+        "streams redis-server used_cpu_sys + used_cpu_user (INFO cpu) at t_drained minus at "
+        "t_open, per entry; includes the benchmark's own XINFO polling and the routers' "
+        "heartbeats"
     ),
-    "worker_cpu_us_per_event": "router process utime + stime (/proc) from t_first_read to drained",
+    "worker_cpu_us_per_event": (
+        "utime + stime (/proc) of all the routers of a column from t_open to t_drained, per entry"
+    ),
+    "shares": (
+        "each router's verdict count (new + duplicate + stale + invalid, its /metrics) over "
+        "the sum of all routers'; shards held = leases held at t_open"
+    ),
     "latency": (
         "subscriber receive time (time.time() when the socket chunk was read) - the entry id's "
         "millisecond part (redis-server clock, same host); the id truncates to the millisecond, "
         "so figures read up to 1 ms high; payloads not received by the deadline rank as infinite "
-        "in p50..max, and are left out of arrived_p50/arrived_p99"
+        "in p50..max, and are left out of arrived_p50/arrived_p99; each percentile is the median "
+        "(the lower of an even count) of that percentile over the rounds"
+    ),
+    "baseline": (
+        "the worker of --baseline-ref (src/ extracted with git archive into a temporary "
+        "directory, run with this interpreter and PYTHONPATH=<it>/src): per batch, a Lua check "
+        "for older entries of the same jobs pending at other consumers, waiting up to "
+        "EVENT_ROUTER_ORDER_WAIT_MS (0 = check off; its default 1000 = check on)"
     ),
     "naive": (
         "bench/one_at_a_time.py: per event one XREADGROUP COUNT 1 on one shard (round-robin), "
@@ -677,132 +541,225 @@ DEFINITIONS = {
 
 
 def run(args: argparse.Namespace) -> Report:
-    environment = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "redis_server": None,
-        "platform": platform.platform(),
+    with ExitStack() as stack:
+        baseline: BaselineSource | None = None
+        skipped: str | None = None
+        if args.baseline_ref.lower() == "none":
+            skipped = "--baseline-ref none"
+        else:
+            try:
+                baseline = stack.enter_context(baseline_source(args.baseline_ref))
+            except BaselineUnavailable as reason:
+                skipped = f"{args.baseline_ref} unavailable: {reason}"
+        if baseline is not None:
+            step("baseline", f"{baseline.title}, extracted to {baseline.src}")
+        else:
+            step("baseline", f"skipped ({skipped})")
+        columns = make_columns(args, baseline)
+        report = Report(
+            config=_config(args),
+            environment={
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "redis_server": None,
+                "platform": platform.platform(),
+            },
+            baseline={
+                "ref": args.baseline_ref,
+                "commit": baseline.commit if baseline else None,
+                "subject": baseline.subject if baseline else None,
+                "skipped": skipped,
+            },
+            throughput={},
+            latency={},
+            definitions=DEFINITIONS,
+        )
+        _measure(args, columns, report)
+        report.ratios = _ratios(report)
+        return report
+
+
+def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None:
+    workloads = {
+        "main": make_workload(args.events, args.jobs, args.seed),
+        "baseline": make_workload(args.baseline_events, _baseline_jobs(args), args.seed),
     }
-    config = {
+
+    def workload_of(kind: RouterKind) -> Workload:
+        return workloads["baseline" if kind.key in SMALLER_RUNS else "main"]
+
+    with redis_servers() as (streams, pubsub):
+
+        def fresh() -> None:
+            # Fresh processes per run: empty keyspace, no state keys from the last run.
+            for server in (streams, pubsub):
+                server.cleanup()
+                server.start()
+
+        with redis.Redis.from_url(streams.url) as probe:
+            report.environment["redis_server"] = probe.info("server")["redis_version"]
+
+        kinds = columns.throughput_kinds()
+        step(
+            "throughput",
+            f"{len(kinds)} columns x {args.repeats} interleaved round(s): "
+            + ", ".join(k.title for k in kinds),
+        )
+        drains: dict[str, list[Throughput]] = {k.key: [] for k in kinds}
+        for round_ in range(1, args.repeats + 1):
+            for kind in _rotated(kinds, round_):
+                fresh()
+                drain = measure_throughput(streams, pubsub, kind=kind, workload=workload_of(kind))
+                drains[kind.key].append(drain)
+                step(
+                    f"round {round_}/{args.repeats}",
+                    f"{kind.title}: {drain.events:,} events in {drain.drain_s:.2f} s, "
+                    f"{drain.events_per_s:,.0f} ev/s, {drain.redis_cpu_us_per_event:.1f} us/event",
+                )
+        report.throughput = {key: _median_run(runs) for key, runs in drains.items()}
+
+        if args.latency_repeats < 1:
+            return
+        kinds = columns.latency_kinds()
+        step(
+            "latency",
+            f"{len(kinds)} columns x {args.latency_repeats} interleaved round(s), paced "
+            f"{args.rate:,} ev/s for {args.seconds:g} s (baselines {args.baseline_rate:,} ev/s "
+            f"for {args.baseline_seconds:g} s)",
+        )
+        paced: dict[str, list[Latency]] = {k.key: [] for k in kinds}
+        for round_ in range(1, args.latency_repeats + 1):
+            for kind in _rotated(kinds, round_):
+                fresh()
+                smaller = kind.key in SMALLER_RUNS
+                paced_run = measure_latency(
+                    streams,
+                    pubsub,
+                    kind=kind,
+                    rate=args.baseline_rate if smaller else args.rate,
+                    seconds=args.baseline_seconds if smaller else args.seconds,
+                    jobs=max(1, args.jobs // 4),
+                    wait_after_s=args.baseline_wait_after if smaller else args.wait_after,
+                )
+                paced[kind.key].append(paced_run)
+                step(
+                    f"round {round_}/{args.latency_repeats}",
+                    f"{kind.title}: p50 {ms(paced_run.p50_ms)} ms, p99 {ms(paced_run.p99_ms)} ms, "
+                    f"{paced_run.received:,} / {paced_run.sent:,} received",
+                )
+        report.latency = {key: _median_latency(runs) for key, runs in paced.items()}
+
+
+def _rotated(kinds: Sequence[RouterKind], round_: int) -> list[RouterKind]:
+    """The columns in the order of round `round_`: each round starts one column later, so no
+    column always runs first (on a freshly started server) or last."""
+    start = (round_ - 1) % len(kinds)
+    return [*kinds[start:], *kinds[:start]]
+
+
+def _baseline_jobs(args: argparse.Namespace) -> int:
+    jobs: int = args.jobs
+    events: int = args.baseline_events
+    return max(1, min(jobs, events // 10))
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "quick": args.quick,
         "events": args.events,
         "jobs": args.jobs,
         "rate": args.rate,
         "seconds": args.seconds,
         "wait_after": args.wait_after,
+        "repeats": args.repeats,
+        "latency_repeats": args.latency_repeats,
+        "routers": args.routers,
+        "baseline_ref": args.baseline_ref,
         "baseline_events": args.baseline_events,
+        "baseline_jobs": _baseline_jobs(args),
         "baseline_rate": args.baseline_rate,
         "baseline_seconds": args.baseline_seconds,
         "baseline_wait_after": args.baseline_wait_after,
         "batched_read_count": BATCHED_READ_COUNT,
         "shards": FAMILY.shards,
-        "repeats": args.repeats,
         "seed": args.seed,
     }
-    with redis_servers() as (streams, pubsub):
-
-        def fresh() -> None:
-            # A fresh process per phase: empty keyspace, no state keys from the last phase.
-            for server in (streams, pubsub):
-                server.cleanup()
-                server.start()
-
-        def throughput(kind: RouterKind, events: int, jobs: int, note: str = "") -> Throughput:
-            step(
-                f"throughput, {kind.name}",
-                f"{events:,} events, {jobs:,} jobs{note}, {args.repeats} run(s), median kept",
-            )
-            runs = []
-            for _ in range(args.repeats):
-                fresh()
-                runs.append(
-                    measure_throughput(
-                        streams, pubsub, kind=kind, events=events, jobs=jobs, seed=args.seed
-                    )
-                )
-            return _median_run(runs)
-
-        def latency(kind: RouterKind, rate: int, seconds: float, wait_after_s: float) -> Latency:
-            fresh()
-            step(
-                f"latency, {kind.name}",
-                f"{rate:,} ev/s for {seconds:g} s, then up to {wait_after_s:g} s to deliver",
-            )
-            return measure_latency(
-                streams,
-                pubsub,
-                kind=kind,
-                rate=rate,
-                seconds=seconds,
-                jobs=max(1, args.jobs // 4),
-                wait_after_s=wait_after_s,
-            )
-
-        with redis.Redis.from_url(streams.url) as probe:
-            environment["redis_server"] = probe.info("server")["redis_version"]
-
-        batched = throughput(BATCHED, args.events, args.jobs)
-        report = Report(
-            config,
-            environment,
-            batched,
-            latency(BATCHED, args.rate, args.seconds, args.wait_after),
-            definitions=DEFINITIONS,
-        )
-        if args.skip_baseline:
-            return report
-
-        baseline_jobs = max(1, min(args.jobs, args.baseline_events // 10))
-        capped = " (capped to bound runtime)"
-        baseline_latency = (args.baseline_rate, args.baseline_seconds, args.baseline_wait_after)
-        naive = report.naive_throughput = throughput(
-            NAIVE, args.baseline_events, baseline_jobs, capped
-        )
-        report.naive_latency = latency(NAIVE, *baseline_latency)
-        report.ratios = _ratios(batched, naive, "naive")
-        if not args.skip_read_count_1:
-            rc1 = report.read_count_1_throughput = throughput(
-                READ_COUNT_1, args.baseline_events, baseline_jobs, capped
-            )
-            report.read_count_1_latency = latency(READ_COUNT_1, *baseline_latency)
-            report.ratios |= _ratios(batched, rc1, "read_count_1")
-        return report
 
 
 def _median_run(runs: Sequence[Throughput]) -> Throughput:
-    """The run with the median events/s, carrying every run's headline figures."""
+    """The run with the median events/s, its rates and CPU figures each the median over runs.
+
+    Each figure's own median (the lower one of an even count: a measured value): the run with
+    the median events/s need not be the one with the median CPU per event.
+    """
     median = sorted(runs, key=lambda t: t.events_per_s)[(len(runs) - 1) // 2]
     median.runs_events_per_s = [round(t.events_per_s) for t in runs]
     median.runs_redis_cpu_us_per_event = [round(t.redis_cpu_us_per_event, 1) for t in runs]
+    median.redis_cpu_us_per_event = median_low(t.redis_cpu_us_per_event for t in runs)
+    median.pubsub_cpu_us_per_event = median_low(t.pubsub_cpu_us_per_event for t in runs)
+    median.worker_cpu_us_per_event = median_low(t.worker_cpu_us_per_event for t in runs)
     return median
 
 
-def _ratios(batched: Throughput, other: Throughput, name: str) -> dict[str, float]:
-    return {
-        f"throughput_batched_over_{name}": round(batched.events_per_s / other.events_per_s, 2),
-        f"redis_cpu_batched_over_{name}": round(
-            batched.redis_cpu_us_per_event / other.redis_cpu_us_per_event, 3
-        ),
-        f"redis_cpu_{name}_over_batched": round(
-            other.redis_cpu_us_per_event / batched.redis_cpu_us_per_event, 2
-        ),
-        f"pubsub_cpu_{name}_over_batched": round(
-            other.pubsub_cpu_us_per_event / batched.pubsub_cpu_us_per_event, 2
-        ),
-        f"worker_cpu_{name}_over_batched": round(
-            other.worker_cpu_us_per_event / batched.worker_cpu_us_per_event, 2
-        ),
-    }
+def _median_latency(runs: Sequence[Latency]) -> Latency:
+    """The run with the median p99, each percentile the median over runs (None: infinite)."""
+    median = sorted(runs, key=lambda lat: _finite(lat.p99_ms))[(len(runs) - 1) // 2]
+    median.runs_p50_ms = [lat.p50_ms for lat in runs]
+    median.runs_p99_ms = [lat.p99_ms for lat in runs]
+    for name in ("p50_ms", "p90_ms", "max_ms", "arrived_p50_ms", "arrived_p99_ms"):
+        value = median_low(_finite(getattr(lat, name)) for lat in runs)
+        setattr(median, name, None if math.isinf(value) else value)
+    return median
 
 
-# The table's rows, one column per router: a label and how a column's figure reads.
-THROUGHPUT_ROWS: tuple[tuple[str, Callable[[Throughput], str]], ...] = (
+def _finite(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+def _ratios(report: Report) -> dict[str, float]:
+    t, lat = report.throughput, report.latency
+    ratios: dict[str, float] = {}
+
+    def compare(name: str, key: str, base: str) -> None:
+        if key not in t or base not in t:
+            return
+        a, b = t[key], t[base]
+        ratios[f"throughput_{name}"] = round(a.events_per_s / b.events_per_s, 3)
+        ratios[f"redis_cpu_{name}"] = round(a.redis_cpu_us_per_event / b.redis_cpu_us_per_event, 3)
+        ratios[f"pubsub_cpu_{name}"] = round(
+            a.pubsub_cpu_us_per_event / b.pubsub_cpu_us_per_event, 3
+        )
+        ratios[f"worker_cpu_{name}"] = round(
+            a.worker_cpu_us_per_event / b.worker_cpu_us_per_event, 3
+        )
+        if key in lat and base in lat and lat[key].p99_ms and lat[base].p99_ms:
+            ratios[f"p99_{name}"] = round(lat[key].p99_ms / lat[base].p99_ms, 3)  # type: ignore[operator]
+
+    compare("leases_over_no_check", "leases", "baseline_no_check")
+    compare("check_over_no_check", "baseline_check", "baseline_no_check")
+    for key in t:
+        if key.startswith("leases_") and key.endswith("_routers"):
+            compare(f"{key.removeprefix('leases_')}_over_1", key, "leases")
+    compare("batched_over_naive", "leases", "naive")
+    compare("naive_over_batched", "naive", "leases")
+    compare("batched_over_read_count_1", "leases", "read_count_1")
+    compare("read_count_1_over_batched", "read_count_1", "leases")
+    return ratios
+
+
+# --------------------------------------------------------------------------- the table
+
+Cell = Callable[[Throughput], str]
+LatencyCell = Callable[[Latency], str]
+
+THROUGHPUT_ROWS: tuple[tuple[str, Cell], ...] = (
     ("one XREADGROUP reads", lambda t: t.reads),
     ("backlog events / jobs", lambda t: f"{t.events:,} / {t.jobs:,}"),
     ("  of which retries / late", lambda t: f"{t.duplicates_added} / {t.late_added}"),
     ("verdicts new/dup/stale/inv", lambda t: _verdicts(t.verdicts)),
     ("mean batch size (entries)", lambda t: _num(t.mean_batch_size, 1)),
     ("drain time (s)", lambda t: f"{t.drain_s:.2f}"),
-    ("  wall from router spawn (s)", lambda t: f"{t.wall_from_spawn_s:.2f}"),
+    ("  router start-up (s)", lambda t: f"{t.startup_s:.2f}"),
     ("throughput (events/s)", lambda t: f"{t.events_per_s:,.0f}"),
     ("  min - max over runs", lambda t: _span(t.runs_events_per_s, "{:,.0f}")),
     ("streams redis CPU (us/event)", lambda t: f"{t.redis_cpu_us_per_event:.1f}"),
@@ -810,7 +767,21 @@ THROUGHPUT_ROWS: tuple[tuple[str, Callable[[Throughput], str]], ...] = (
     ("pubsub redis CPU (us/event)", lambda t: f"{t.pubsub_cpu_us_per_event:.1f}"),
     ("router CPU (us/event)", lambda t: f"{t.worker_cpu_us_per_event:.1f}"),
 )
-LATENCY_ROWS: tuple[tuple[str, Callable[[Latency], str]], ...] = (
+SCALING_ROWS: tuple[tuple[str, Cell], ...] = (
+    ("shards held per router", lambda t: "/".join(map(str, t.shards_held))),
+    ("share of events per router (%)", lambda t: "/".join(f"{s * 100:.0f}" for s in t.shares)),
+    ("verdicts new/dup/stale/inv", lambda t: _verdicts(t.verdicts)),
+    ("mean batch size (entries)", lambda t: _num(t.mean_batch_size, 1)),
+    ("drain time (s)", lambda t: f"{t.drain_s:.2f}"),
+    ("  router start-up (s)", lambda t: f"{t.startup_s:.2f}"),
+    ("throughput (events/s)", lambda t: f"{t.events_per_s:,.0f}"),
+    ("  min - max over runs", lambda t: _span(t.runs_events_per_s, "{:,.0f}")),
+    ("streams redis CPU (us/event)", lambda t: f"{t.redis_cpu_us_per_event:.1f}"),
+    ("  min - max over runs", lambda t: _span(t.runs_redis_cpu_us_per_event, "{:.1f}")),
+    ("pubsub redis CPU (us/event)", lambda t: f"{t.pubsub_cpu_us_per_event:.1f}"),
+    ("routers' CPU, all (us/event)", lambda t: f"{t.worker_cpu_us_per_event:.1f}"),
+)
+LATENCY_ROWS: tuple[tuple[str, LatencyCell], ...] = (
     ("latency: target rate (ev/s)", lambda lat: f"{lat.target_rate:,}"),
     ("  achieved rate x seconds", lambda lat: f"{lat.achieved_rate:,.0f} x {lat.seconds:.1f}"),
     ("  wait after producer (s)", lambda lat: f"{lat.wait_after_producer_s:g}"),
@@ -818,68 +789,146 @@ LATENCY_ROWS: tuple[tuple[str, Callable[[Latency], str]], ...] = (
     ("  undelivered at deadline", lambda lat: f"{lat.missing_at_deadline:,}"),
     ("  p50 / p90 (ms)", lambda lat: f"{ms(lat.p50_ms)} / {ms(lat.p90_ms)}"),
     ("  p99 / max (ms)", lambda lat: f"{ms(lat.p99_ms)} / {ms(lat.max_ms)}"),
+    ("  p99 min - max over runs (ms)", lambda lat: _latency_span(lat.runs_p99_ms)),
     (
         "  arrived only p50 / p99 (ms)",
         lambda lat: f"{ms(lat.arrived_p50_ms)} / {ms(lat.arrived_p99_ms)}",
     ),
     ("  drained after producer (s)", lambda lat: _num(lat.drained_after_producer_s, 2, "no")),
 )
+LABEL_WIDTH = 31
+COLUMN_WIDTH = 24
 
 
 def print_report(report: Report) -> None:
-    columns = [("batched", report.batched_throughput, report.batched_latency)]
-    if report.naive_throughput is not None and report.naive_latency is not None:
-        columns.append(("naive one-at-a-time", report.naive_throughput, report.naive_latency))
-    if report.read_count_1_throughput is not None and report.read_count_1_latency is not None:
-        columns.append(
-            ("worker READ_COUNT=1", report.read_count_1_throughput, report.read_count_1_latency)
-        )
-
-    def row(label: str, *values: str) -> None:
-        print(f"{label:<31}" + "".join(f"{v:>23}" for v in values))
-
-    env = report.environment
+    env, config, t = report.environment, report.config, report.throughput
     print()
     print(
         f"eco-router benchmark: {env['cpus']} CPUs, Python {env['python']}, "
-        f"redis-server {env['redis_server']}, {FAMILY.shards} shards"
+        f"redis-server {env['redis_server']}, {FAMILY.shards} shards; "
+        f"{config['repeats']} interleaved drain round(s), {config['latency_repeats']} paced "
+        "round(s); each figure is its column's median over the rounds"
     )
-    row("", *(name for name, _, _ in columns))
-    for label, throughput_cell in THROUGHPUT_ROWS:
-        row(label, *(throughput_cell(t) for _, t, _ in columns))
-    for label, latency_cell in LATENCY_ROWS:
-        row(label, *(latency_cell(lat) for _, _, lat in columns))
+    _print_order_section(report)
+    _print_scaling_section(report)
+    _print_batching_section(report)
     print("streams redis server time per event by command (INFO commandstats, us):")
-    for name, t, _ in columns:
-        print(f"  {name}: {_command_breakdown(t.redis_usec_per_event_by_command)}")
+    for drain in t.values():
+        print(f"  {drain.router}: {_command_breakdown(drain.redis_usec_per_event_by_command)}")
+    print("definitions:")
+    for name, definition in report.definitions.items():
+        print(f"  {name}: {definition}")
+
+
+def _print_order_section(report: Report) -> None:
+    baseline, r = report.baseline, report.ratios
+    print()
+    print("1. ONE ROUTER, WITH AND WITHOUT THE ORDER MECHANISM")
+    if baseline["commit"] is None:
+        print(f"   baseline columns skipped: {baseline['skipped']}")
+    else:
+        print(
+            f"   baseline {baseline['commit']} ({baseline['subject']}): per-batch order check "
+            f"off ({ORDER_WAIT_SETTING}=0) and on (its default)"
+        )
+    keys = ["leases", "baseline_no_check", "baseline_check"]
+    _print_table(report, [k for k in keys if k in report.throughput], THROUGHPUT_ROWS)
+    if "throughput_leases_over_no_check" in r:
+        print(f"ORDER COST, one router, change vs {baseline['commit']} with its check off:")
+        print(f"  leases (this tree):  {_changes(r, 'leases_over_no_check')}")
+        print(f"  {baseline['commit']} check on: {_changes(r, 'check_over_no_check')}")
+
+
+def _print_scaling_section(report: Report) -> None:
+    keys = ["leases"] + [
+        k for k in report.throughput if k.startswith("leases_") and k.endswith("_routers")
+    ]
+    print()
+    print("2. ROUTERS DRAINING ONE BACKLOG (this tree, shard leases)")
+    first = report.throughput["leases"]
+    print(
+        f"   the same backlog ({first.events:,} events, {first.jobs:,} jobs) for every column; "
+        "the 1-router column is section 1's leases column"
+    )
+    rows = (
+        *SCALING_ROWS,
+        ("throughput vs 1 router", lambda t: _scaled(report, t)),
+    )
+    _print_table(report, keys, rows, titles={"leases": "1 router"}, latency=False)
+
+
+def _print_batching_section(report: Report) -> None:
+    keys = [k for k in ("leases", "naive", "read_count_1") if k in report.throughput]
+    if len(keys) == 1:
+        return
     r = report.ratios
+    print()
+    print("3. BATCHING: THE WORKER VS A NAIVE ONE-AT-A-TIME ROUTER")
+    _print_table(report, keys, THROUGHPUT_ROWS, titles={"leases": "batched"})
     if "throughput_batched_over_naive" in r:
         print(
             f"HEADLINE batched / naive one-at-a-time: throughput "
-            f"{r['throughput_batched_over_naive']}x; streams redis CPU per event "
-            f"{r['redis_cpu_batched_over_naive']}x (naive spends "
-            f"{r['redis_cpu_naive_over_batched']}x as much)"
+            f"{r['throughput_batched_over_naive']:.2f}x; streams redis CPU per event "
+            f"{r['redis_cpu_batched_over_naive']:.3f}x (naive spends "
+            f"{r['redis_cpu_naive_over_batched']:.2f}x as much)"
         )
         print(
-            f"  naive / batched CPU per event: pubsub redis {r['pubsub_cpu_naive_over_batched']}x, "
-            f"router process {r['worker_cpu_naive_over_batched']}x"
+            f"  naive / batched CPU per event: pubsub redis "
+            f"{r['pubsub_cpu_naive_over_batched']:.2f}x, router process "
+            f"{r['worker_cpu_naive_over_batched']:.2f}x"
         )
     if "throughput_batched_over_read_count_1" in r:
         print(
             f"secondary, batched / worker READ_COUNT=1: throughput "
-            f"{r['throughput_batched_over_read_count_1']}x; streams redis CPU per event "
-            f"{r['redis_cpu_batched_over_read_count_1']}x (READ_COUNT=1 spends "
-            f"{r['redis_cpu_read_count_1_over_batched']}x as much)"
+            f"{r['throughput_batched_over_read_count_1']:.2f}x; streams redis CPU per event "
+            f"{r['redis_cpu_batched_over_read_count_1']:.3f}x (READ_COUNT=1 spends "
+            f"{r['redis_cpu_read_count_1_over_batched']:.2f}x as much)"
         )
-    if r:
-        print(
-            "note: the baselines drain a smaller backlog and run a shorter paced run to bound "
-            f"the runtime; READ_COUNT=1 is per stream, so the worker still reads up to "
-            f"{FAMILY.shards} entries (one per shard) and applies them in one script call"
-        )
-    print("definitions:")
-    for name, text in report.definitions.items():
-        print(f"  {name}: {text}")
+    print(
+        "note: the baselines drain a smaller backlog and run a shorter paced run to bound the "
+        "runtime; READ_COUNT=1 is per stream, so the worker still reads up to one entry per "
+        "held shard per read and applies them in one script call"
+    )
+
+
+def _print_table(
+    report: Report,
+    keys: Sequence[str],
+    rows: Sequence[tuple[str, Cell]],
+    *,
+    titles: dict[str, str] | None = None,
+    latency: bool = True,
+) -> None:
+    def row(label: str, values: Sequence[str]) -> None:
+        print(f"{label:<{LABEL_WIDTH}}" + "".join(f"{v:>{COLUMN_WIDTH}}" for v in values))
+
+    drains = [report.throughput[k] for k in keys]
+    row("", [(titles or {}).get(k, report.throughput[k].router) for k in keys])
+    for label, cell in rows:
+        row(label, [cell(t) for t in drains])
+    if latency and all(k in report.latency for k in keys):
+        for label, latency_cell in LATENCY_ROWS:
+            row(label, [latency_cell(report.latency[k]) for k in keys])
+
+
+def _scaled(report: Report, drain: Throughput) -> str:
+    return f"{drain.events_per_s / report.throughput['leases'].events_per_s:.2f}x"
+
+
+def _pct(ratio: float) -> str:
+    """A ratio as a signed change: 0.95 -> "-5.0 %"."""
+    return f"{(ratio - 1) * 100:+.1f} %"
+
+
+def _changes(ratios: dict[str, float], name: str) -> str:
+    """Throughput and CPU per event as signed changes, paced p99 as a factor."""
+    text = (
+        f"throughput {_pct(ratios[f'throughput_{name}'])}, "
+        f"streams redis CPU/event {_pct(ratios[f'redis_cpu_{name}'])}, "
+        f"router CPU/event {_pct(ratios[f'worker_cpu_{name}'])}"
+    )
+    p99 = ratios.get(f"p99_{name}")
+    return text if p99 is None else f"{text}, paced p99 {p99:.2f}x"
 
 
 def _command_breakdown(usec: dict[str, float]) -> str:
@@ -895,6 +944,15 @@ def _span(values: Sequence[float], spec: str) -> str:
     return f"{spec.format(min(values))} - {spec.format(max(values))}" if values else "n/a"
 
 
+def _latency_span(values: Sequence[float | None]) -> str:
+    measured = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    low = ms(min(measured)) if measured else "n/a"
+    high = ms(max(measured)) if len(measured) == len(values) else "inf"
+    return f"{low} - {high}"
+
+
 def _verdicts(verdicts: dict[str, int]) -> str:
     return "/".join(str(verdicts.get(v, 0)) for v in ("new", "duplicate", "stale", "invalid"))
 
@@ -903,51 +961,79 @@ def _num(value: float | None, digits: int, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:.{digits}f}"
 
 
+# --------------------------------------------------------------------------- options
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.router_bench", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--events", type=int, default=20_000, help="backlog size (default 20000)")
+
+    def sized(name: str, kind: type, text: str) -> None:
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=None,
+            help=f"{text} (default {FULL[name]:g}, --quick {QUICK[name]:g})",
+        )
+
     parser.add_argument(
-        "--jobs", type=int, default=2_000, help="jobs in the backlog (default 2000)"
+        "--quick",
+        action="store_true",
+        help="smaller backlogs, shorter paced runs, one round (about a minute)",
     )
+    sized("events", int, "backlog size")
+    sized("jobs", int, "jobs in the backlog")
     parser.add_argument("--rate", type=int, default=5_000, help="paced events/s (default 5000)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="paced run length (default 5)")
+    sized("seconds", float, "paced run length, s")
+    sized("wait_after", float, "seconds to wait for delivery after the producer stops")
+    sized("repeats", int, "interleaved drain rounds, the median run reported")
+    sized("latency_repeats", int, "interleaved paced rounds, the median p99 reported; 0 skips")
+    parser.add_argument(
+        "--routers",
+        type=_router_counts,
+        default=(1, 2, 4),
+        help="router counts of the scaling section, comma-separated (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--baseline-ref",
+        default=DEFAULT_BASELINE_REF,
+        help=(
+            "the commit whose worker runs with its order check off and on "
+            f"(default {DEFAULT_BASELINE_REF}); none skips those columns"
+        ),
+    )
     parser.add_argument(
         "--skip-baseline", action="store_true", help="skip the naive and READ_COUNT=1 runs"
     )
     parser.add_argument(
         "--skip-read-count-1", action="store_true", help="skip the worker READ_COUNT=1 runs"
     )
-    parser.add_argument(
-        "--baseline-events", type=int, default=5_000, help="baseline backlog (default 5000)"
-    )
+    sized("baseline_events", int, "naive and READ_COUNT=1 backlog")
     parser.add_argument("--baseline-rate", type=int, default=None, help="default: --rate")
-    parser.add_argument("--baseline-seconds", type=float, default=2.0)
-    parser.add_argument(
-        "--baseline-wait-after",
-        type=float,
-        default=3.0,
-        help="baseline runs: seconds to wait for delivery after the producer stops (default 3)",
-    )
-    parser.add_argument(
-        "--wait-after",
-        type=float,
-        default=10.0,
-        help="seconds to wait for the router after the producer stops (default 10)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="drains per throughput phase, the median reported (default 3)",
-    )
+    sized("baseline_seconds", float, "naive and READ_COUNT=1 paced run length, s")
+    sized("baseline_wait_after", float, "naive and READ_COUNT=1: wait after the producer, s")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.baseline_rate is None:
         args.baseline_rate = args.rate
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     return args
+
+
+def _router_counts(value: str) -> tuple[int, ...]:
+    try:
+        counts = sorted({int(part) for part in value.split(",") if part.strip()} | {1})
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list") from error
+    if counts[0] < 1:
+        raise argparse.ArgumentTypeError("router counts must be at least 1")
+    return tuple(counts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -135,6 +135,25 @@ class RouterProcess:
         # After the command name: state is field 3, utime 14 and stime 15 (1-based).
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def tcp_ports(self, state: str) -> set[int]:
+        """Local ports of the process's TCP sockets in `state` (/proc/net/tcp: 0A listen,
+        01 established)."""
+        inodes = set()
+        for fd in Path(f"/proc/{self.process.pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if parts[3] == state and parts[9] in inodes:
+                    ports.add(int(parts[1].rpartition(":")[2], 16))
+        return ports
+
     def rss_kib(self) -> int:
         """VmRSS of the process, in KiB."""
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

@@ -49,7 +49,7 @@ from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, step, write_json
-from bench.router_bench import Worker
+from bench.routers import Worker
 from bench.sse_bench import (
     DOMAIN,
     FD_HEADROOM,

@@ -15,8 +15,10 @@ from tests.contracts.factories import CHAT, GROUP, SCAN
 SCAN_0, SCAN_1 = SCAN.streams
 CHAT_0 = CHAT.streams[0]
 IDLE_MS = 50
-# Every shard's fencing epoch as each test starts: a source reading with these holds them all.
+# Every shard's fencing epoch as each test starts: a source claiming with these holds them all.
 TOKENS = {SCAN_0: 1, SCAN_1: 1, CHAT_0: 1}
+# Reading every shard from its beginning.
+FROM_START = dict.fromkeys(TOKENS, "0-0")
 
 
 def fields_of(n: int, job_id: str = "job-1") -> dict[bytes, bytes]:
@@ -80,7 +82,7 @@ class EventSourceContract:
         return [await self.append(stream, fields_of(n)) for n in range(1, count + 1)]
 
     async def read_all(self, source: EventSource, count: int = 100) -> list[Delivery]:
-        return (await source.read_new(TOKENS, count=count)).deliveries
+        return (await source.read_new(FROM_START, count=count)).deliveries
 
     async def claim_all(
         self, source: EventSource, stream: str, *, min_idle_ms: int = 0, count: int = 100
@@ -161,9 +163,7 @@ class EventSourceContract:
         assert ids(await self.read_all(first)) == written
         assert await self.read_all(first) == []
         assert await self.read_all(second) == []
-        # Nobody ever took the other group's shards: their epoch is 0.
-        never_taken = dict.fromkeys(TOKENS, 0)
-        assert ids((await other_group.read_new(never_taken, count=10)).deliveries) == written
+        assert ids(await self.read_all(other_group)) == written
 
     async def test_read_new_takes_at_most_count_entries_per_shard(self) -> None:
         source = await self.prepared_source()
@@ -177,7 +177,7 @@ class EventSourceContract:
         [scan] = await self.append_many(SCAN_0, 1)
         await self.append(CHAT_0, fields_of(1, "chat-job"))
 
-        batch = await source.read_new({SCAN_0: 1}, count=10)
+        batch = await source.read_new({SCAN_0: "0-0"}, count=10)
 
         assert ids(batch.deliveries) == [scan]
         assert stats_of(await source.shard_stats(), CHAT_0).lag == 1
@@ -188,10 +188,10 @@ class EventSourceContract:
         await self.read_all(source)
 
         async with asyncio.timeout(5):
-            batch = await source.read_new(TOKENS, count=10)
+            batch = await source.read_new({**FROM_START, SCAN_0: last}, count=10)
 
         assert batch.deliveries == []
-        assert batch.fenced == frozenset()
+        assert batch.gaps == frozenset()
         assert batch.marks == {SCAN_0: last, SCAN_1: "0-0", CHAT_0: "0-0"}
 
     async def test_a_read_that_drains_every_shard_gives_marks_one_that_does_not_none(
@@ -200,24 +200,53 @@ class EventSourceContract:
         source = await self.prepared_source()
         written = await self.append_many(SCAN_0, 3)
 
-        partial = await source.read_new(TOKENS, count=2)
-        rest = await source.read_new(TOKENS, count=2)
+        partial = await source.read_new(FROM_START, count=2)
+        rest = await source.read_new({**FROM_START, SCAN_0: written[1]}, count=2)
 
         assert (ids(partial.deliveries), partial.marks) == (written[:2], {})
         assert ids(rest.deliveries) == written[2:]
         assert rest.marks == {SCAN_0: written[2], SCAN_1: "0-0", CHAT_0: "0-0"}
 
-    async def test_a_shard_whose_token_moved_on_is_fenced_and_not_read(self) -> None:
-        source = await self.prepared_source()
-        await self.append_many(SCAN_0, 2)
+    async def test_entries_another_consumer_took_after_the_last_read_are_a_gap(self) -> None:
+        holder = await self.prepared_source("consumer-a")
+        stale = await self.prepared_source("consumer-b")
+        [first] = await self.append_many(SCAN_0, 1)
+        await self.read_all(holder)
+        await self.append(SCAN_0, fields_of(2))
+        await self.read_all(stale)  # a router that lost the shard reads on
         [chat] = await self.append_many(CHAT_0, 1)
-        await self.set_epoch(SCAN_0, 2)  # another router took the shard
+        third = await self.append(SCAN_0, fields_of(3))
 
-        batch = await source.read_new(TOKENS, count=10)
+        batch = await holder.read_new({SCAN_0: first, CHAT_0: "0-0"}, count=10)
 
-        assert batch.fenced == {SCAN_0}
-        assert ids(batch.deliveries) == [chat]
-        assert stats_of(await source.shard_stats(), SCAN_0).lag == 2
+        assert batch.gaps == {SCAN_0}
+        assert ids(batch.deliveries) == [third, chat] or ids(batch.deliveries) == [chat, third]
+
+    async def test_entries_an_earlier_read_took_whose_reply_was_lost_are_a_gap(self) -> None:
+        source = await self.prepared_source()
+        [first] = await self.append_many(SCAN_0, 1)
+        await self.read_all(source)
+        await self.append(SCAN_0, fields_of(2))
+        await self.read_all(source)  # its reply never arrived; the client read again
+        third = await self.append(SCAN_0, fields_of(3))
+
+        batch = await source.read_new({SCAN_0: first}, count=10)
+
+        assert batch.gaps == {SCAN_0}
+        assert ids(batch.deliveries) == [third]
+
+    async def test_no_gap_when_only_this_consumer_holds_entries_after_its_last(self) -> None:
+        holder = await self.prepared_source("consumer-a")
+        other = await self.prepared_source("consumer-b")
+        [older] = await self.append_many(SCAN_0, 1)
+        await self.read_all(other)  # before the holder's position: not a gap
+        written = [await self.append(SCAN_0, fields_of(n)) for n in (2, 3)]
+        await holder.read_new({SCAN_0: older}, count=1)
+
+        batch = await holder.read_new({SCAN_0: written[0]}, count=10)
+
+        assert batch.gaps == frozenset()
+        assert ids(batch.deliveries) == written[1:]
 
     async def test_read_new_recovers_from_a_deleted_stream_by_recreating_the_group(
         self,
@@ -246,7 +275,7 @@ class EventSourceContract:
 
     async def test_wait_for_new_returns_when_an_entry_is_appended_after_a_mark(self) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(TOKENS, count=10)).marks
+        marks = (await source.read_new(FROM_START, count=10)).marks
         waiting = asyncio.ensure_future(source.wait_for_new(marks, block_ms=5000))
         await asyncio.sleep(0.05)
         assert not waiting.done()
@@ -261,7 +290,7 @@ class EventSourceContract:
         self,
     ) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(TOKENS, count=10)).marks
+        marks = (await source.read_new(FROM_START, count=10)).marks
         await self.append(CHAT_0, fields_of(1, "chat-job"))
 
         async with asyncio.timeout(2):
@@ -269,7 +298,7 @@ class EventSourceContract:
 
     async def test_wait_for_new_returns_after_the_block_when_nothing_arrives(self) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(TOKENS, count=10)).marks
+        marks = (await source.read_new(FROM_START, count=10)).marks
 
         async with asyncio.timeout(5):
             await source.wait_for_new(marks, block_ms=50)
@@ -338,6 +367,7 @@ class EventSourceContract:
 
         assert page.wrapped
         assert not page.fenced
+        assert page.last_delivered == written[-1]
         assert [(d.entry_id, d.delivery_count) for d in page.deliveries] == [
             (i, 2) for i in written
         ]
@@ -450,6 +480,6 @@ class EventSourceContract:
         with pytest.raises(TransientError):
             await source.ping()
         with pytest.raises(TransientError):
-            await source.read_new(TOKENS, count=10)
+            await source.read_new(FROM_START, count=10)
         with pytest.raises(TransientError):
             await source.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)

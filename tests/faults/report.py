@@ -35,31 +35,40 @@ Each scenario runs real `eco-router` processes against throwaway `redis-server` 
 (or, for `stateful`, the real use cases on the in-memory adapters), injects one kind of fault
 under load, heals it, and checks three invariants:
 
-- **Nothing lost.** Every event a correct router must publish was published to Pub/Sub at
-  least once: every seq that reached a job's state, and the highest valid seq of every job,
-  which is where each job's state ends. An older seq that arrives after a newer one of the
-  same job was applied is stale, and rightly not published.
+- **Nothing lost, in stream order.** A job lives on one shard, so its entries have one order:
+  the order they were appended (their stream ids). Every entry whose seq is higher than the
+  seq of every earlier entry of its job is owed a publish, and the entries of a job must be
+  first published in that order. The check takes every entry of the streams (read back with
+  XRANGE, plus what the producer wrote and may have been trimmed since) and what reached
+  Pub/Sub, in the order Pub/Sub delivered it. An entry is rightly stale (or a duplicate) only
+  when the producer itself appended it after a higher (or the same) seq. **Lost** counts the
+  owed entries never published, the owed entries first published after a later entry of
+  their job (a client watching live misses those: the gateway never goes back in seq, so an
+  event that routers reordered is as good as lost), and the owed events missing at an SSE
+  client watching their job.
 - **No duplicate to clients.** A client watching a job behind the gateway receives each seq
   at most once, in increasing order, from the entry that applied it; a retried entry (another
   entry with the same job and seq) never reaches a client.
 - **Nothing stranded.** After healing, no entry is left pending or unread in the consumer
   group, and the dead-letter stream holds exactly the malformed entries, each once.
 
-**Order across routers.** Routers of one consumer group share a job's shard, so two
-consecutive events of one job can go to two routers. A router holds back a job's newer entries
-while another router still holds an older one (`EVENT_ROUTER_ORDER_WAIT_MS`, 1 s by default),
-so a job's events are applied and published in stream order. What remains: when the router
-holding the older entry is stuck or killed for longer than that wait, the newer event goes
-first, and the older one, reclaimed later, is stale and never published (or, if it was
-applied but not published, published after the newer one and skipped by the gateway, which
-never sends a seq below one it has sent). A watching client then misses that intermediate
-event; the job's state and its last event are not affected. The `stateful` scenario, which
-drives the use cases without that wait, counts these drops (`older seqs dropped by gateway
-filter`); in a deployment, `event_router_events_total{{verdict="stale"}}` and
-`event_router_gateway_events_overtaken_total` count them, and `make soak` reports both.
+**Order across routers.** Every shard has at most one live holder: a lease in the streams
+Redis (`EVENT_ROUTER_LEASE_TTL_MS`, 4 s, renewed every second) with a fencing token that the
+read, the claim and the atomic apply all check. A router that dies or is paused past its
+lease loses its shards to the others; the new holder first routes, in id order, every entry
+the old one left pending, then reads new ones, so a job's events are applied and published
+in stream order across holders. A paused router that resumes is fenced out: it applies,
+publishes, dead-letters and acknowledges nothing of a shard it lost. A router stopped with
+SIGTERM hands its shards over at once.
 
-**Time to recover** runs from the end of the fault until every event written so far has been
-published; `stateful` runs on a manual clock and does not measure it (0).
+**Settings.** Every router runs with the documented defaults; only the servers' addresses,
+the consumer names and the loopback HTTP ports are set. Each scenario's `settings` line says
+so, or names any setting changed.
+
+**Time to recover** runs from the moment named in the table (the kill or the pause itself,
+the end of an outage) until every entry owed a publish written by then has been published and
+every malformed one dead-lettered. `stateful` runs on a manual clock and does not measure it
+(0).
 
 **How it runs.** `make test` runs the suite with every other test. `make reliability-report`
 runs only `pytest -q tests/faults` and regenerates this file from that run; it refuses to
@@ -70,7 +79,7 @@ write it when a scenario lost an event, let a duplicate through or failed.
 TABLE_HEAD = """\
 ## Results
 
-| Scenario | Events sent | Published (of expected) | Lost | Duplicated to clients \
+| Scenario | Entries written | Published in order (of owed) | Lost | Duplicated to clients \
 | Dead-lettered | Time to recover |
 |---|---:|---:|---:|---:|---:|---:|
 """
@@ -91,6 +100,7 @@ class Result:
     dead_lettered: int
     recovery_s: float
     passed: bool
+    recovery_from: str = ""
 
     @property
     def problems(self) -> list[str]:
@@ -104,6 +114,10 @@ class Result:
         return found
 
 
+# Every field a result file must have (`recovery_from` may be left out: no clock ran).
+REQUIRED = tuple(key for key in Result.__dataclass_fields__ if key != "recovery_from")
+
+
 class Refused(Exception):
     """The results do not support a reliability report."""
 
@@ -115,7 +129,7 @@ def load(path: Path) -> Result:
         raise Refused(f"{path}: not readable JSON ({error})") from None
     if not isinstance(raw, dict):
         raise Refused(f"{path}: not a scenario result (a JSON object)")
-    missing = [key for key in Result.__dataclass_fields__ if key not in raw]
+    missing = [key for key in REQUIRED if key not in raw]
     if missing:
         raise Refused(f"{path}: missing {', '.join(missing)}")
     wrong = [key for key in COUNTS if not _is_int(raw[key])]
@@ -125,9 +139,11 @@ def load(path: Path) -> Result:
         or not _is_number(raw["recovery_s"])
     ):
         wrong.append("params, passed or recovery_s")
+    if not isinstance(raw.get("recovery_from", ""), str):
+        wrong.append("recovery_from")
     if wrong:
         raise Refused(f"{path}: wrong type for {', '.join(wrong)}")
-    return Result(**{key: raw[key] for key in Result.__dataclass_fields__})
+    return Result(**{key: raw[key] for key in Result.__dataclass_fields__ if key in raw})
 
 
 def load_all(results_dir: Path) -> list[Result]:
@@ -146,7 +162,7 @@ def render(results: Sequence[Result], *, when: str) -> str:
     for r in results:
         lines.append(
             f"| `{r.scenario}` | {r.sent:,} | {r.published:,} ({r.expected:,}) | {r.lost:,} "
-            f"| {r.duplicated_to_clients:,} | {r.dead_lettered:,} | {_duration(r.recovery_s)} |\n"
+            f"| {r.duplicated_to_clients:,} | {r.dead_lettered:,} | {_recovery(r)} |\n"
         )
     lines.append("\n## Scenarios\n")
     for r in results:
@@ -171,6 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     REPORT_PATH.write_text(render(results, when=when))
     print(f"wrote {REPORT_PATH.relative_to(REPOSITORY_ROOT)} ({len(results)} scenarios)")
     return 0
+
+
+def _recovery(result: Result) -> str:
+    duration = _duration(result.recovery_s)
+    return f"{duration} from {result.recovery_from}" if result.recovery_from else duration
 
 
 def _duration(seconds: float) -> str:

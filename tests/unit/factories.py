@@ -100,12 +100,14 @@ class Harness:
     encoder: OrjsonEventEncoder = field(init=False)
     leases: LeaseTable = field(init=False)
     fence: dict[str, int] = field(init=False)
+    read_from: dict[str, str] = field(init=False)
     route: FencedRoute = field(init=False)
 
     def __post_init__(self) -> None:
         self.streams = InMemoryStreams(self.clock)
         self.leases = self.streams.lease_table(GROUP)
         self.fence = {stream: 1 for stream in self.family.streams}
+        self.read_from = dict.fromkeys(self.family.streams, "0-0")
         self.leases.epochs.update(self.fence)
         self.store = InMemoryStateStore(
             clock=self.clock,
@@ -243,7 +245,7 @@ class Harness:
         self, count: int = 100, source: InMemoryEventSource | None = None
     ) -> list[Delivery]:
         """One read of new entries by this harness's consumer (or `source`'s)."""
-        return (await (source or self.source).read_new(self.fence, count=count)).deliveries
+        return (await (source or self.source).read_new(self.read_from, count=count)).deliveries
 
     async def redeliver(self, source: InMemoryEventSource | None = None) -> list[Delivery]:
         """Every pending entry claimed again by `source` (the harness's consumer by default),

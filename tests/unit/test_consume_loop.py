@@ -301,8 +301,27 @@ class TestHeldShards:
             await eventually(lambda: h.published_seqs("job-2") == [1])
 
         assert h.published_seqs("job-1") == []
-        assert h.streams.lag(stream, "router") == 1  # read by nobody yet: the new holder will
+        # Read, but neither applied nor acked: the new holder takes it over.
+        assert [p.consumer for p in h.pending().values()] == ["router-1"]
         assert h.metrics.leases_lost[("scan", 2)] == 1
+
+    async def test_entries_a_router_read_after_losing_the_shard_are_routed_first(self) -> None:
+        h = Harness()
+        held = h.held_shards()
+        stale = h.consumer_source("router-0")
+
+        async with running(h.consume_loop(held=held)):
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+            h.xadd("job-1", 2)
+            # router-0 lost the shard while paused and, waking, reads on before it learns so.
+            stolen = await h.read(source=stale)
+            h.xadd("job-1", 3)
+            await eventually(lambda: h.published_seqs("job-1") == [1, 2, 3])
+            await eventually(lambda: h.pending() == {})
+
+        assert [d.entry_id for d in stolen] != []
+        assert h.metrics.verdicts[("scan", Verdict.STALE)] == 0
 
     async def test_a_shard_being_released_is_read_no_more_and_drains(self) -> None:
         h = Harness()

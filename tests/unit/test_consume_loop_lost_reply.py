@@ -46,3 +46,42 @@ class TestLostReadReply:
 
         assert h.published_seqs("job-1") == [1, 2]
         assert h.pending() == {}
+
+
+class RetryingAfterALostReply(InMemoryEventSource):
+    """Like a client that retries a read whose reply was lost: the entries the first attempt
+    took are pending to this consumer, and the caller gets only the second attempt's."""
+
+    lose_next = False
+
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+        if self.lose_next:
+            lost = await super().read_new(after, count=count)
+            if lost.deliveries:
+                self.lose_next = False
+        return await super().read_new(after, count=count)
+
+
+class TestRetriedRead:
+    async def test_what_the_lost_attempt_took_is_routed_before_what_the_retry_read(self) -> None:
+        h = Harness()
+        source = RetryingAfterALostReply(
+            h.streams, families=[h.family], group=GROUP, consumer=h.consumer
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source).run(stop))
+        try:
+            await eventually(h.groups_ready)
+            source.lose_next = True
+            h.xadd("job-1", 1)
+            await eventually(lambda: not source.lose_next)
+            h.xadd("job-1", 2)
+
+            await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.pending() == {}

@@ -163,6 +163,8 @@ class ConsumeLoop:
         if page.fenced:
             self._lost(stream)
             return None
+        if page.last_delivered is not None:
+            held.last_id = page.last_delivered
         held.cursor = page.cursor
         held.claimed += len(page.deliveries)
         if page.wrapped:
@@ -198,12 +200,19 @@ class ConsumeLoop:
     def _start_read(self, tokens: dict[str, int]) -> asyncio.Task[ReadBatch]:
         # A read in flight holds its shards: none is handed over before its entries settle.
         self._held.picked_up(tokens)
-        return asyncio.ensure_future(self._read(tokens))
+        after = {s: last for s, last in self._held.reading().items() if s in tokens}
+        return asyncio.ensure_future(self._read(tokens, after))
 
-    async def _read(self, tokens: dict[str, int]) -> ReadBatch:
+    async def _read(self, tokens: dict[str, int], after: dict[str, str]) -> ReadBatch:
         try:
-            batch = await self._source.read_new(tokens, count=self._read_count)
+            batch = await self._source.read_new(after, count=self._read_count)
             self._held.picked_up(streams_of(batch.deliveries))
+            # Entries come in id order per stream: the last one of each is the new position.
+            last = {d.stream: d.entry_id for d in batch.deliveries}
+            for stream, entry_id in last.items():
+                held = self._held.get(stream)
+                if held is not None and held.token == tokens[stream]:
+                    held.last_id = entry_id
             return batch
         except TransientError:
             # The server may have read and lost only the reply: those entries are pending to
@@ -215,10 +224,14 @@ class ConsumeLoop:
             self._held.put_down(tokens)
 
     async def _take_read(
-        self, batch: ReadBatch, tokens: dict[str, int], stop: asyncio.Event
+        self, read: ReadBatch, tokens: dict[str, int], stop: asyncio.Event
     ) -> tuple[list[Delivery], Fence]:
-        for stream in batch.fenced:
-            self._lost(stream)
+        if read.gaps:
+            # A router that lost these shards read entries of them after this one's last:
+            # take the shards over again, so those come first, then what was just read.
+            log.warning("entries of %s were read by a router that lost them", sorted(read.gaps))
+            self._held.take_over_again(read.gaps)
+        batch = self._still_reading(read, tokens)
         if batch.deliveries:
             following = self._held.tokens([Phase.READING])
             if batch.marks:
@@ -231,6 +244,24 @@ class ConsumeLoop:
         if tokens == self._held.tokens([Phase.READING]) and not self._held.taking_over():
             await self._wait_for_work(stop, batch.marks)
         return [], {}
+
+    def _still_reading(self, read: ReadBatch, tokens: dict[str, int]) -> ReadBatch:
+        """`read` without the entries of shards no longer read under the same token (lost,
+        or taken over again): they stay pending, for whoever takes the shard over."""
+        keep = {
+            s
+            for s, token in tokens.items()
+            if s not in read.gaps
+            and (held := self._held.get(s)) is not None
+            and held.token == token
+            and held.phase is not Phase.TAKING_OVER
+        }
+        dropped = [d for d in read.deliveries if d.stream not in keep]
+        if not dropped:
+            return read
+        self._held.put_down(streams_of(dropped))
+        kept = [d for d in read.deliveries if d.stream in keep]
+        return ReadBatch(kept, read.gaps, read.marks)
 
     async def _wait_for_work(
         self, stop: asyncio.Event, marks: Mapping[str, str] | None = None
@@ -259,6 +290,9 @@ class ConsumeLoop:
         result = await self._route(batch, fence)
         for stream in result.fenced:
             self._lost(stream)
+        if not result.unsettled:
+            self._held.put_down(streams_of(batch))
+            return []
         kept = {(d.stream, d.entry_id) for d in result.unsettled}
         self._held.put_down(streams_of(d for d in batch if (d.stream, d.entry_id) not in kept))
         return result.unsettled

@@ -21,7 +21,9 @@ class Phase(Enum):
 
 @dataclass(slots=True)
 class HeldShard:
-    """One held shard; `cursor` is where the take-over's claim goes on."""
+    """One held shard; `cursor` is where the take-over's claim goes on, `last_id` the last
+    entry of it this router read or took over (the group's position when the take-over
+    began): an entry after it pending elsewhere was read by a router that lost the shard."""
 
     token: int
     since_ms: int
@@ -29,6 +31,7 @@ class HeldShard:
     phase: Phase = Phase.TAKING_OVER
     cursor: str = "0-0"
     claimed: int = 0
+    last_id: str = "0-0"
     again: bool = False  # taken over again after a lost read reply, not from another holder
 
 
@@ -73,7 +76,8 @@ class HeldShards:
 
     def take_over_again(self, streams: Iterable[str]) -> None:
         """Back to taking over for the reading shards among `streams`: what is pending on
-        them (a read whose reply was lost) is claimed and routed before new entries."""
+        them (a read whose reply was lost, entries a router read after losing the shard) is
+        claimed and routed, in id order, before new entries."""
         for stream in streams:
             held = self._held.get(stream)
             if held is not None and held.phase is Phase.READING:
@@ -94,6 +98,10 @@ class HeldShards:
         if held is not None:
             self.changed.set()
         return held
+
+    def reading(self) -> dict[str, str]:
+        """Stream → last entry id of the shards being read."""
+        return {s: h.last_id for s, h in self._held.items() if h.phase is Phase.READING}
 
     def streams(self) -> list[str]:
         return list(self._held)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eco_router.domain.event import JobEvent
@@ -29,13 +29,37 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class ReadBatch:
-    """New entries of the shards read; `fenced` shards were not read (another router took
-    them over); when the read drained every shard, `marks` holds each read shard's last
-    entry id, to wait for what comes after."""
+    """New entries of the shards read, in id order per shard.
+
+    `gaps` are the shards where an entry after the reader's last one is pending at another
+    consumer: a router that read it after losing the shard. When the read drained every
+    shard, `marks` holds each shard's last entry id, to wait for what comes after.
+    """
 
     deliveries: list[Delivery]
-    fenced: frozenset[str] = frozenset()
+    gaps: frozenset[str] = frozenset()
     marks: Mapping[str, str] = field(default_factory=dict)
+
+
+def first_ids(deliveries: Sequence[Delivery]) -> dict[str, str]:
+    """The id of each stream's first entry among `deliveries` (which are in id order)."""
+    first: dict[str, str] = {}
+    for delivery in deliveries:
+        first.setdefault(delivery.stream, delivery.entry_id)
+    return first
+
+
+def drained_marks(
+    deliveries: Sequence[Delivery], after: Mapping[str, str], count: int
+) -> dict[str, str]:
+    """When no shard gave `count` entries (the read took all there was), each shard's last
+    entry id: the last one read, else `after`'s; else none (there is more to read)."""
+    read: dict[str, int] = {}
+    marks = dict(after)
+    for delivery in deliveries:
+        read[delivery.stream] = read.get(delivery.stream, 0) + 1
+        marks[delivery.stream] = delivery.entry_id
+    return {} if any(n >= count for n in read.values()) else marks
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +103,14 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class ClaimPage:
-    """One XAUTOCLAIM-style step: claimed deliveries (gone ones included) and the next cursor."""
+    """One XAUTOCLAIM-style step: claimed deliveries (gone ones included) and the next cursor;
+    a page from cursor `0-0` also tells the group's last delivered id on the shard, read
+    before anything was claimed."""
 
     deliveries: list[Delivery]
     cursor: str
     fenced: bool = False
+    last_delivered: str | None = None  # the group's position on the shard, on a first page
 
     @property
     def wrapped(self) -> bool:

@@ -39,11 +39,11 @@ class EventSource(Protocol):
         """Create the group on every shard at id 0, with its stream; an existing one is fine."""
         ...
 
-    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
-        """Up to `count` never-delivered entries of each shard in `tokens`, without waiting;
-        a shard is read only while its fencing token is still the one given (checked
-        atomically with the read), else it is reported fenced; a read that drains every shard
-        returns marks to wait after."""
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+        """Up to `count` never-delivered entries of each shard in `after`, without waiting.
+        `after` is, per shard, the last entry this consumer read or took over there: an entry
+        after it pending at another consumer is reported as a gap. A read that drains every
+        shard returns marks to wait after."""
         ...
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
@@ -55,7 +55,8 @@ class EventSource(Protocol):
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
     ) -> ClaimPage:
         """Take over entries idle for `min_idle_ms` from any consumer, counting the delivery,
-        while the shard's fencing token is `token` (else a fenced, empty page)."""
+        while the shard's fencing token is `token` (else a fenced, empty page). From cursor
+        `0-0` the page also gives the group's last delivered id, read before claiming."""
         ...
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:

@@ -7,8 +7,16 @@ from typing import TypeVar
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import ClaimPage, Delivery, ReadBatch, ShardStats
+from eco_router.application.messages import (
+    ClaimPage,
+    Delivery,
+    ReadBatch,
+    ShardStats,
+    drained_marks,
+    first_ids,
+)
 from eco_router.application.ports import EventSource
+from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
 T = TypeVar("T")
@@ -41,22 +49,29 @@ class InMemoryEventSource(EventSource):
         for stream in self._family_of:
             self.streams.create_group(stream, self._group)
 
-    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         self._check()
-        table = self.streams.lease_table(self._group)
-        fenced = frozenset(s for s, token in tokens.items() if not table.holds(s, token))
-        readable = [s for s in tokens if s not in fenced]
         taken = self._retrying_nogroup(
-            lambda: self.streams.read_new(self._group, self._consumer, readable, count)
+            lambda: self.streams.read_new(self._group, self._consumer, list(after), count)
         )
         deliveries = [
             Delivery(self._family_of[stream], stream, entry_id, fields)
             for stream, entries in taken.items()
             for entry_id, fields in entries
         ]
-        drained = all(len(entries) < count for entries in taken.values())
-        marks = {s: self.streams.last_id(s) for s in readable} if drained else {}
-        return ReadBatch(deliveries, fenced, marks)
+        first = first_ids(deliveries)
+        gaps = frozenset(s for s, last in after.items() if self._gap(s, last, first.get(s)))
+        return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
+
+    def _gap(self, stream: str, last: str, first_read: str | None) -> bool:
+        """Whether the first entry pending after `last` is not this read's first one."""
+        floor = StreamEntryId.parse(last)
+        pending = self.streams.pending(stream, self._group)
+        later = [i for i in pending if StreamEntryId.parse(i) > floor]
+        if not later:
+            return False
+        lowest = min(later, key=StreamEntryId.parse)
+        return pending[lowest].consumer != self._consumer or lowest != first_read
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         self._check()
@@ -69,6 +84,9 @@ class InMemoryEventSource(EventSource):
         if not self.streams.lease_table(self._group).holds(stream, token):
             return ClaimPage([], "0-0", fenced=True)
         family = self._family_of[stream]
+        position = self._retrying_nogroup(
+            lambda: self.streams.last_delivered(stream, self._group) if cursor == "0-0" else None
+        )
         next_cursor, claimed, deleted = self._retrying_nogroup(
             lambda: self.streams.autoclaim(
                 stream, self._group, self._consumer, min_idle_ms, cursor, count
@@ -76,7 +94,7 @@ class InMemoryEventSource(EventSource):
         )
         deliveries = [Delivery(family, stream, i, f, n) for i, f, n in claimed]
         deliveries += [Delivery(family, stream, i, None) for i in deleted]
-        return ClaimPage(deliveries, next_cursor)
+        return ClaimPage(deliveries, next_cursor, last_delivered=position)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._check()

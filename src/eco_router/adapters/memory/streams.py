@@ -96,6 +96,9 @@ class InMemoryStreams:
     def pending(self, stream: str, group: str) -> dict[str, PendingEntry]:
         return dict(self._group(stream, group).pending)
 
+    def last_delivered(self, stream: str, group: str) -> str:
+        return str(self._group(stream, group).last_delivered)
+
     def lag(self, stream: str, group: str) -> int:
         last = self._group(stream, group).last_delivered
         return sum(1 for i in self._streams[stream].entries if _after(i, last))

@@ -12,7 +12,14 @@ from redis.exceptions import ResponseError
 from eco_router.adapters.redis.errors import transient_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import ClaimPage, Delivery, ReadBatch, ShardStats
+from eco_router.application.messages import (
+    ClaimPage,
+    Delivery,
+    ReadBatch,
+    ShardStats,
+    drained_marks,
+    first_ids,
+)
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -31,7 +38,6 @@ class RedisStreamEventSource(EventSource):
         self._consumer = consumer
         self._family_of = {s: f for f in self._families for s in f.streams}
         self._keys = GroupKeys(group)
-        self._read_held = redis.register_script(load_lua("read_held.lua"))
         self._claim_held = redis.register_script(load_lua("claim_held.lua"))
 
     @property
@@ -48,27 +54,42 @@ class RedisStreamEventSource(EventSource):
             if isinstance(reply, ResponseError) and "BUSYGROUP" not in str(reply):
                 raise reply
 
-    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
-        streams = list(tokens)
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+        streams = list(after)
         if not streams:
             return ReadBatch([])
-        keys = [key for s in streams for key in (self._keys.epoch(s), s)]
-        args: list[str | int] = [self._group, self._consumer, count, *tokens.values()]
-        reply = await self._nogroup_retried(
-            "read held shards", lambda: self._read_held(keys=keys, args=args)
+        replies = await self._nogroup_retried(
+            "XREADGROUP", lambda: self._read_and_look_behind(after, count)
         )
-        deliveries: list[Delivery] = []
-        fenced = []
-        for stream, (status, *entries) in zip(streams, reply, strict=False):
-            if status == 0:
-                fenced.append(stream)
-            elif entries and entries[0]:
-                deliveries += self._deliveries(stream, [_entry(e) for e in entries[0]])
-        marks: dict[str, str] = {}
-        if len(reply) > len(streams):
-            readable = [s for s in streams if s not in fenced]
-            marks = dict(zip(readable, map(_text, reply[len(streams) :]), strict=True))
-        return ReadBatch(deliveries, frozenset(fenced), marks)
+        deliveries = [
+            d for stream, entries in replies[0] for d in self._deliveries(stream, entries)
+        ]
+        first = first_ids(deliveries)
+        gaps = frozenset(
+            stream
+            for stream, pending in zip(streams, replies[1:], strict=True)
+            if pending
+            and (
+                _text(pending[0]["consumer"]) != self._consumer
+                or _text(pending[0]["message_id"]) != first.get(stream)
+            )
+        )
+        return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
+
+    async def _read_and_look_behind(self, after: Mapping[str, str], count: int) -> list[Any]:
+        """XREADGROUP, then per shard the first entry pending after `after`: the read's own
+        first entry, one another consumer took before it, or one an earlier read of this
+        consumer took whose reply was lost (and the client retried). It is looked up after
+        the read, so nothing read before it goes unseen."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xreadgroup(self._group, self._consumer, dict.fromkeys(after, ">"), count=count)
+            for stream, last in after.items():
+                pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
+            replies: list[Any] = await pipe.execute()
+        read = replies[0] or []
+        if isinstance(read, dict):  # RESP3 shape
+            read = [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in read.items()]
+        return [list(read), *replies[1:]]
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         if not marks:
@@ -86,7 +107,7 @@ class RedisStreamEventSource(EventSource):
         )
         if reply is None:
             return ClaimPage([], "0-0", fenced=True)
-        next_cursor, entries, deleted, counts = reply
+        next_cursor, entries, deleted, counts, last_delivered = reply
         family = self._family_of[stream]
         found = self._deliveries(stream, [_entry(e) for e in entries])
         claimed = [
@@ -94,7 +115,8 @@ class RedisStreamEventSource(EventSource):
             for d, n in zip(found, counts, strict=True)
         ]
         gone = [Delivery(family, stream, _text(i), None) for i in deleted]
-        return ClaimPage(claimed + gone, _text(next_cursor))
+        position = _text(last_delivered) if last_delivered else None
+        return ClaimPage(claimed + gone, _text(next_cursor), last_delivered=position)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
