@@ -15,6 +15,7 @@ from eco_router.application.messages import Delivery, ReadBatch
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stopping import sleep_unless_stopped
+from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,13 @@ class ConsumeLoop:
             return None
         if page.last_delivered is not None:
             held.last_id = page.last_delivered
+        if page.deliveries:
+            # A previous holder that had not noticed its loss may have read past where the
+            # take-over began, and those entries are claimed here: the position moves past
+            # them, or reads that bring nothing would wait after them and return at once.
+            last = max(StreamEntryId.parse(d.entry_id) for d in page.deliveries)
+            if last > StreamEntryId.parse(held.last_id):
+                held.last_id = str(last)
         held.cursor = page.cursor
         held.claimed += len(page.deliveries)
         if page.wrapped:
