@@ -112,3 +112,19 @@ class DeadLetterSinkContract:
         await sink.send([])
 
         assert await self.dead_letters("scan:events:dlq") == []
+
+    async def test_an_entry_is_dead_lettered_once_however_often_its_letter_comes(
+        self,
+    ) -> None:
+        # A router that died before its ack, or paused past its lease, sends it again.
+        sink = await self.make_sink()
+
+        await sink.send([make_letter(), make_letter()])
+        await sink.send([make_letter(delivery_count=4, detail="sent again")])
+        await sink.send([make_letter(stream=SCAN.streams[0])])  # the same id on another shard
+
+        stored = await self.dead_letters("scan:events:dlq")
+        assert [(f[b"stream"], f[b"id"], f[b"deliveries"]) for f in stored] == [
+            (b"scan:events:1", entry_id(7).encode(), b"3"),
+            (b"scan:events:0", entry_id(7).encode(), b"3"),
+        ]

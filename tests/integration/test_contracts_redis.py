@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.crc import key_slot
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
-from eco_router.adapters.redis.keys import GroupKeys
+from eco_router.adapters.redis.keys import DeadLetterKeys, GroupKeys
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.ports import (
@@ -29,7 +30,7 @@ from eco_router.application.ports import (
 )
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
-from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
+from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields, make_letter
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
@@ -166,6 +167,18 @@ class TestRedisStreamDeadLetterSink(DeadLetterSinkContract):
     async def dead_letters(self, stream: str) -> list[Fields]:
         entries = await self.redis.xrange(stream)
         return [fields for _, fields in entries]
+
+    async def test_an_entrys_marker_lives_for_the_marker_ttl_beside_its_letter(self) -> None:
+        sink = RedisStreamDeadLetterSink(self.redis, marker_ttl_s=60)
+        letter = make_letter()
+
+        await sink.send([letter])
+
+        marker = DeadLetterKeys("scan:events:dlq").marker(
+            letter.delivery.stream, letter.delivery.entry_id
+        )
+        assert 0 < await self.redis.pttl(marker) <= 60_000
+        assert key_slot(marker.encode()) == key_slot(b"scan:events:dlq")
 
 
 class TestRedisLeaseStore(LeaseStoreContract):

@@ -15,6 +15,7 @@ from eco_router.application.messages import Delivery, ReadBatch
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stopping import sleep_unless_stopped
+from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
 log = logging.getLogger(__name__)
@@ -133,12 +134,14 @@ class ConsumeLoop:
             return await self._take_read(await read, tokens, stop)
         if stop.is_set():
             return [], {}
+        # Cleared before looking, so a shard gained while a claim below awaits still wakes
+        # the wait for work.
+        self._held.changed.clear()
         for stream in self._held.taking_over():
             claimed = await self._claim_left(stream)
             if claimed is not None:
                 return claimed
         tokens = self._held.tokens([Phase.READING])
-        self._held.changed.clear()
         if not tokens:
             await self._wait_for_work(stop)
             return [], {}
@@ -163,6 +166,13 @@ class ConsumeLoop:
             return None
         if page.last_delivered is not None:
             held.last_id = page.last_delivered
+        if page.deliveries:
+            # A previous holder that had not noticed its loss may have read past where the
+            # take-over began, and those entries are claimed here: the position moves past
+            # them, or reads that bring nothing would wait after them and return at once.
+            last = max(StreamEntryId.parse(d.entry_id) for d in page.deliveries)
+            if last > StreamEntryId.parse(held.last_id):
+                held.last_id = str(last)
         held.cursor = page.cursor
         held.claimed += len(page.deliveries)
         if page.wrapped:

@@ -133,7 +133,9 @@ class DeadLetterSink(Protocol):
     """Where entries that cannot be routed are kept for inspection and replay."""
 
     async def send(self, letters: Sequence[DeadLetter]) -> None:
-        """Store every letter in its family's dead-letter stream before the entry is acked."""
+        """Store every letter in its family's dead-letter stream before the entry is acked,
+        once per entry: a letter for an entry already dead-lettered is dropped (a router that
+        died before its ack, or one that paused past its lease, sends it again)."""
         ...
 
 

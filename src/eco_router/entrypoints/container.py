@@ -91,7 +91,9 @@ class Container(containers.DeclarativeContainer):
     broadcaster = providers.Singleton(
         RedisPubSubBroadcaster, pubsub_redis, channel_prefix=settings.provided.channel_prefix
     )
-    dead_letters = providers.Singleton(RedisStreamDeadLetterSink, streams_redis)
+    dead_letters = providers.Singleton(
+        RedisStreamDeadLetterSink, streams_redis, marker_ttl_s=settings.provided.published_ttl_s
+    )
 
     route_batch = providers.Singleton(
         RouteBatch,

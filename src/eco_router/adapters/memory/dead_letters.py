@@ -11,13 +11,19 @@ from eco_router.application.ports import DeadLetterSink
 
 
 class InMemoryDeadLetterSink(DeadLetterSink):
-    """Appends each letter to its family's `{prefix}:dlq` stream in `InMemoryStreams`."""
+    """Appends each letter to its family's `{prefix}:dlq` stream in `InMemoryStreams`, once
+    per entry."""
 
     def __init__(self, streams: InMemoryStreams) -> None:
         self._streams = streams
+        self._sent: set[tuple[str, str]] = set()
 
     async def send(self, letters: Sequence[DeadLetter]) -> None:
         for letter in letters:
+            entry = (letter.delivery.stream, letter.delivery.entry_id)
+            if entry in self._sent:
+                continue
+            self._sent.add(entry)
             self._streams.xadd(
                 letter.delivery.family.dead_letter_stream, dead_letter_fields(letter)
             )

@@ -14,31 +14,40 @@ from eco_router.adapters.dead_letter_format import (
     read_dead_letter,
 )
 from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.keys import DeadLetterKeys
+from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import DeadLetter
 from eco_router.application.ports import DeadLetterSink
 from eco_router.domain.streams import StreamFamily
 
 
 class RedisStreamDeadLetterSink(DeadLetterSink):
-    """XADDs each letter to its family's `{prefix}:dlq` stream, trimmed approximately."""
+    """XADDs each letter to its family's `{prefix}:dlq` stream, trimmed approximately, once
+    per entry: a marker (`DeadLetterKeys`) kept for `marker_ttl_s` is set in the same script
+    call, and a letter whose entry has one is not appended again."""
 
-    def __init__(self, redis: Redis, *, maxlen: int = 100_000) -> None:
+    def __init__(self, redis: Redis, *, maxlen: int = 100_000, marker_ttl_s: int = 7200) -> None:
         self._redis = redis
         self._maxlen = maxlen
+        self._marker_ttl_ms = marker_ttl_s * 1000
+        self._script = redis.register_script(load_lua("dead_letter_once.lua"))
 
     async def send(self, letters: Sequence[DeadLetter]) -> None:
-        if not letters:
-            return
-        with transient_errors("XADD dead letters"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for letter in letters:
-                    pipe.xadd(
-                        letter.delivery.family.dead_letter_stream,
-                        dead_letter_fields(letter),  # type: ignore[arg-type]
-                        maxlen=self._maxlen,
-                        approximate=True,
-                    )
-                await pipe.execute()
+        # One call per dead-letter stream: its markers share its cluster slot.
+        by_stream: dict[str, list[DeadLetter]] = {}
+        for letter in letters:
+            by_stream.setdefault(letter.delivery.family.dead_letter_stream, []).append(letter)
+        for stream, group in by_stream.items():
+            keys = DeadLetterKeys(stream)
+            args: list[int | bytes] = [self._maxlen, self._marker_ttl_ms]
+            for letter in group:
+                fields = dead_letter_fields(letter)
+                args.append(2 * len(fields))
+                for name, value in fields.items():
+                    args += (name, value)
+            markers = [keys.marker(x.delivery.stream, x.delivery.entry_id) for x in group]
+            with transient_errors("XADD dead letters"):
+                await self._script(keys=[stream, *markers], args=args)
 
 
 class RedisDeadLetterArchive:

@@ -38,3 +38,14 @@ class GroupKeys:
 
     def epoch(self, stream: str) -> str:
         return f"eco-router:{self.group}:epoch:{{{stream}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterKeys:
+    """The markers of the entries a dead-letter stream holds, hash-tagged with the stream's
+    name (a key without a tag hashes its whole name), so both share its cluster slot."""
+
+    stream: str
+
+    def marker(self, source_stream: str, entry_id: str) -> str:
+        return f"eco-router:dead-lettered:{{{self.stream}}}:{source_stream}:{entry_id}"
