@@ -50,6 +50,8 @@ STUCK = "stuck"
 # A router's shards pass to the others once its lease lapses: TTL after its last heartbeat.
 # Slack on top for routing what it left and for a loaded test machine.
 TAKEOVER_BOUND_S = LEASE_TTL_S + 4.0
+# How long a worker to be caught holding entries is frozen first (far less than its lease).
+PILE_UP_S = 0.3
 
 
 def fault_scenario(number: int, slug: str, title: str, *sizes: Sizes) -> pytest.MarkDecorator:
@@ -64,7 +66,7 @@ class TestWorkerKilledMidLoad:
         "worker-sigkill",
         "A worker killed with SIGKILL mid-load; its shards are taken over once its lease lapses",
         Sizes("20x20", jobs=20, events=20, pace_s=0.1, malformed=0.02),
-        Sizes("60x10", jobs=60, events=10, pace_s=0.1, malformed=0.02, duplicates=0.05, window=3),
+        Sizes("60x10", jobs=60, events=10, pace_s=0.3, malformed=0.02, duplicates=0.05, window=3),
     )
     async def test_a_sigkilled_workers_shards_are_taken_over_in_stream_order(
         self, scenario: Scenario, open_rig: OpenRig
@@ -463,6 +465,10 @@ async def _catch_holding(rig: FaultRig, worker: WorkerProcess, timeout_s: float 
     milliseconds, far less than its lease.
     """
     deadline = time.monotonic() + timeout_s
+    # Entries pile up on its shards first, so the first moments after it resumes find it
+    # routing a large batch, however fast the load ends.
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    await asyncio.sleep(PILE_UP_S)
     while True:
         os.kill(worker.process.pid, signal.SIGSTOP)
         held = await rig.pending_of(worker.name)
