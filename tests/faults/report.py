@@ -54,12 +54,15 @@ under load, heals it, and checks three invariants:
 
 **Order across routers.** Every shard has at most one live holder: a lease in the streams
 Redis (`EVENT_ROUTER_LEASE_TTL_MS`, 4 s, renewed every second) with a fencing token that the
-read, the claim and the atomic apply all check. A router that dies or is paused past its
-lease loses its shards to the others; the new holder first routes, in id order, every entry
-the old one left pending, then reads new ones, so a job's events are applied and published
-in stream order across holders. A paused router that resumes is fenced out: it applies,
-publishes, dead-letters and acknowledges nothing of a shard it lost. A router stopped with
-SIGTERM hands its shards over at once.
+take-over's claim and the atomic apply check. A router that dies or is paused past its lease
+loses its shards to the others; the new holder first routes, in id order, every entry the old
+one left pending, then reads new ones. Every read also looks behind it: an entry pending after
+the router's last one under another consumer's name, or one of its own that an earlier read
+took without the reply arriving, makes it take the shard over again first. So a job's events
+are applied and published in stream order across holders. A paused router that resumes is
+fenced out: it applies, dead-letters and acknowledges nothing of a shard it lost (a publish
+it had already started may still go out: a seq already published, which the gateway drops).
+A router stopped with SIGTERM hands its shards over at once.
 
 **Settings.** Every router runs with the documented defaults; only the servers' addresses,
 the consumer names and the loopback HTTP ports are set. Each scenario's `settings` line says

@@ -25,24 +25,30 @@ class LosingOneReply(InMemoryEventSource):
         return batch
 
 
+async def seq_1_read_with_a_lost_reply_then_seq_2(
+    h: Harness, source: LosingOneReply | RetryingAfterALostReply
+) -> None:
+    """Run the loop on `source`: job-1's seq 1 is read with a lost reply, then seq 2 comes."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.consume_loop(source).run(stop))
+    try:
+        await eventually(h.groups_ready)
+        source.lose_next = True
+        h.xadd("job-1", 1)
+        await eventually(lambda: not source.lose_next)
+        h.xadd("job-1", 2)
+        await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
+    finally:
+        stop.set()
+        async with asyncio.timeout(5.0):
+            await task
+
+
 class TestLostReadReply:
     async def test_entries_read_with_a_lost_reply_are_routed_before_newer_ones(self) -> None:
         h = Harness()
         source = LosingOneReply(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source).run(stop))
-        try:
-            await eventually(h.groups_ready)
-            source.lose_next = True
-            h.xadd("job-1", 1)
-            await eventually(lambda: not source.lose_next)
-            h.xadd("job-1", 2)
-
-            await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
+        await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
 
         assert h.published_seqs("job-1") == [1, 2]
         assert h.pending() == {}
@@ -68,20 +74,7 @@ class TestRetriedRead:
         source = RetryingAfterALostReply(
             h.streams, families=[h.family], group=GROUP, consumer=h.consumer
         )
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source).run(stop))
-        try:
-            await eventually(h.groups_ready)
-            source.lose_next = True
-            h.xadd("job-1", 1)
-            await eventually(lambda: not source.lose_next)
-            h.xadd("job-1", 2)
-
-            await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
+        await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
 
         assert h.published_seqs("job-1") == [1, 2]
         assert h.pending() == {}
