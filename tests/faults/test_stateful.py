@@ -10,17 +10,18 @@ renewed and lapse exactly as the timers say, with the production lease settings 
 renewal every second), and a run repeats exactly.
 
 Each router reaches every adapter through a `Gate`, the process it runs in. A call's request
-and its reply each take one or more turns of the loop (the `Wire`; how many is drawn per
-example), so the routers' calls interleave. A gate can strike at a given call (the next one,
-the n-th, or the next `apply`, `publish`, `ack`...): freeze the process there (a paused
-process: what it has in flight goes on when it is thawed, with the fencing tokens it had),
-kill it there (its tasks are cancelled; nothing more reaches a server: no release, no ack),
-or lose that call's request or its reply (a broken connection; a lost reply means the server
-did it).
+and its reply each take a millisecond or two (the `Wire`; drawn per example), so the routers'
+calls interleave and time passes while a router works. A gate can strike at a given call
+(the next one, the n-th, or the next `apply`, `publish`, `ack`...): freeze the process there
+(a paused process: what it has in flight goes on when it is thawed, with the fencing tokens
+it had), kill it there (its tasks are cancelled; nothing more reaches a server: no release,
+no ack), or lose that call's request or its reply (a broken connection; a lost reply means
+the server did it).
 
 Steps: a router joins (a new name, or the name of one that is gone: a restarted pod); a router
 is stopped cleanly (its stop event: it drains, releases its shards and leaves); a router is
-killed; a router is frozen and thawed later; a router is paused past its lease and resumed;
+killed; a router is frozen and thawed later; a router is paused past its lease and resumed
+(sometimes while another router is still taking its shards over, as new entries come);
 a router's connection breaks; producers add events (new, retries of one already added, late
 older seqs, malformed entries); a pending entry is deleted before its ack; the clock moves;
 the Pub/Sub server, or the streams server (state, leases and dead letters too), goes down or
@@ -38,7 +39,9 @@ every step:
   drops only repeats);
 - the dead-letter stream holds malformed entries only, each at most once;
 - a router ends only when stopped or killed, and a stopped router has released its shards
-  (unless a call to the streams server failed meanwhile: its leases then lapse).
+  (unless a call to the streams server failed meanwhile: its leases then lapse);
+- a router that holds its shards does not spin: reads that bring nothing follow waits for
+  entries that time out, batches or changes of shards, not waits that return at once.
 
 Checked at the end, after healing (both servers up, frozen routers thawed, a router started if
 none is left, the clock moved on until every shard is held and read and nothing is pending):
@@ -47,6 +50,8 @@ none is left, the clock moved on until every shard is held and read and nothing 
   the job's highest seq;
 - nothing stranded: no entry pending or unread, and the dead-letter stream holds exactly the
   malformed entries, each once;
+- an idle router makes a few calls a second (heartbeats, waits that time out, reclaim
+  passes), not hundreds;
 - once every router is stopped, no lease is left and no router counts as live.
 An entry deleted before its ack is excused from being published or dead-lettered, as nothing
 can be done with it.
@@ -98,7 +103,7 @@ from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PublishFailed, TransientError
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.keep_leases import KeepLeases
-from eco_router.application.messages import EncodedEvent
+from eco_router.application.messages import EncodedEvent, ReadBatch
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.ports import (
     Broadcaster,
@@ -127,7 +132,7 @@ MAX_NAMES = 8
 LEASE_TTL_MS = 4_000
 RENEW_MS = 1_000
 READ_BLOCK_MS = 5_000
-READ_COUNT = 3  # small, so batches and take-overs span several pages
+READ_COUNT = 2  # small, so batches and take-overs span several pages
 RECLAIM_MIN_IDLE_MS = 30_000
 RECLAIM_INTERVAL_S = 10.0
 OBSERVE_INTERVAL_S = 5.0
@@ -145,6 +150,7 @@ HEAL_STEP_MS = RENEW_MS
 # hundreds.
 IDLE_MS = 10_000
 MAX_IDLE_CALLS = 100
+MAX_EMPTY_READS = 20
 HEAL_LIMIT_MS = 120_000
 MAX_EXAMPLES = 1000
 STEPS = 40
@@ -187,6 +193,9 @@ CALLS = (
     "release",
 )
 IN_FLIGHT = st.lists(st.sampled_from(PRODUCED), max_size=3)
+# How long after its leases lapse a paused router resumes: another router takes its shards
+# over right after they lapse, so a resume may land in the middle of that take-over.
+RESUMED_AFTER_MS = st.integers(0, 60) | st.just(RENEW_MS)
 
 EntryKey = tuple[str, str]  # (stream, entry id)
 
@@ -257,6 +266,7 @@ class Gate:
         self.frozen = False
         self.dead = False
         self.calls: Counter[str] = Counter()
+        self.empty_reads = 0
         self.failed_calls = 0
         self._wire = wire
         self._open = asyncio.Event()
@@ -295,6 +305,8 @@ class Gate:
         if fate is Fate.LOSE_REPLY:
             self.failed_calls += 1
             raise server.failure(f"the reply from {server.name} was lost")
+        if isinstance(result, ReadBatch) and not result.deliveries and not result.gaps:
+            self.empty_reads += 1
         return result
 
     def _count_down(self, name: str) -> Fate | None:
@@ -541,10 +553,13 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         self.settle()
 
     @precondition(lambda self: self.alive_names(thawed=True))
-    @rule(data=st.data(), when=WHEN, kinds=IN_FLIGHT)
-    def pause_past_lease(self, data: st.DataObject, when: When, kinds: list[str]) -> None:
-        """A process pauses, mid-batch when entries of its shards come, for longer than its
-        lease, then resumes with the tokens it had: others took its shards meanwhile."""
+    @rule(data=st.data(), when=WHEN, kinds=IN_FLIGHT, after_ms=RESUMED_AFTER_MS, later=IN_FLIGHT)
+    def pause_past_lease(
+        self, data: st.DataObject, when: When, kinds: list[str], after_ms: int, later: list[str]
+    ) -> None:
+        """A process pauses, mid-batch when entries of its shards come, for its lease or
+        longer, then resumes with the tokens it had, maybe while another router is still
+        taking its shards over and more entries come."""
         name = data.draw(st.sampled_from(self.alive_names(thawed=True)), label="paused router")
         self.counts["pauses_past_lease"] += 1
         gate = self.routers[name].gate
@@ -553,7 +568,10 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         self.settle()
         if not gate.frozen:
             gate.arm(Fate.FREEZE)  # it made no such call: it pauses where it waits
-        self.settle(LEASE_TTL_MS + RENEW_MS)
+        expiries = [lease.expires_ms for lease in self.table.leases.values() if lease.owner == name]
+        lapsed_ms = max(expiries, default=self.clock.now_ms() + LEASE_TTL_MS) - self.clock.now_ms()
+        self.loop.run_until_idle(max(0, lapsed_ms) + after_ms)
+        self.produce_for(name, data, later)
         gate.thaw()
         self.settle()
 
@@ -902,8 +920,21 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
 
     def settle(self, ms: int = 0) -> None:
         """Let `ms` pass on the clock, and the little more that calls in flight take, until
-        every router waits (for an entry, a timer or its gate)."""
+        every router waits (for an entry, a timer or its gate); meanwhile, no router that
+        holds its shards reads them over and over for nothing."""
+        holders = {n for n, r in self.routers.items() if self.holds_its_shards(r)}
+        empty = {n: self.routers[n].gate.empty_reads for n in holders}
         self.loop.run_until_idle(ms + SETTLE_MS)
+        # An empty read follows a wait for entries that timed out, or a batch, or a change
+        # of shards; one that follows a wait which returned at once is a spin.
+        allowed = MAX_EMPTY_READS + 2 * (ms + SETTLE_MS) // READ_BLOCK_MS
+        spinning = {
+            n: reads
+            for n in holders
+            if self.holds_its_shards(self.routers[n])
+            and (reads := self.routers[n].gate.empty_reads - empty[n]) > allowed
+        }
+        assert not spinning, f"empty reads in {ms + SETTLE_MS} ms: {spinning}"
         for router in self.routers.values():
             if router.life is Life.GONE or not router.task.done():
                 continue
@@ -916,6 +947,14 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
             self.check_released(router)
             router.life = Life.GONE
             self.counts["clean_stops"] += 1
+
+    def holds_its_shards(self, router: Router) -> bool:
+        """Running, and every shard it holds is still its own (no other router took one)."""
+        return (
+            router.alive
+            and not router.gate.frozen
+            and all(self.table.holds(s, t) for s, t in router.held.tokens().items())
+        )
 
     def check_released(self, router: Router) -> None:
         """A stopped router handed back every lease it held and left the live set, unless a
