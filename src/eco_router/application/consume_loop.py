@@ -30,10 +30,12 @@ class ConsumeLoop:
       this router's earlier self included) are claimed page by page, in id order, and routed
       before any new entry of it is read. They are older than every entry not yet delivered,
       so each job's events are routed in stream order across holders.
-    - New entries: one read over the shards being read, fenced by their tokens, without
-      waiting. Behind a backlog the next batch is read while this one is routed; once a read
-      has drained the shards, the loop waits for an append (after the marks the read gave), a
-      change of held shards, or stop, before reading again.
+    - New entries: one read over the shards being read, without waiting, checked for gaps
+      (entries after this router's position pending elsewhere, or taken by a read whose reply
+      was lost): a shard with a gap is taken over again, so those come first. Behind a
+      backlog the next batch is read while this one is routed; once a read has drained the
+      shards, the loop waits for an append (after the marks the read gave), a change of held
+      shards, or stop, before reading again.
     - A fenced shard (another router holds it now) is dropped with what is in hand of it,
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in

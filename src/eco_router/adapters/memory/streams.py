@@ -72,13 +72,6 @@ class InMemoryStreams:
     def entries(self, stream: str) -> list[tuple[str, Fields]]:
         return list(self._streams.get(stream, Stream()).entries.items())
 
-    def fields(self, stream: str, entry_id: str) -> Fields:
-        """An entry's fields; empty when it was deleted."""
-        return dict(self._streams.get(stream, Stream()).entries.get(entry_id, {}))
-
-    def clock_ms(self) -> int:
-        return self._clock.now_ms()
-
     def delete_entry(self, stream: str, entry_id: str) -> None:
         self._streams.get(stream, Stream()).entries.pop(entry_id, None)
 
