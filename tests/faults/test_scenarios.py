@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import time
 
@@ -52,6 +51,8 @@ STUCK = "stuck"
 TAKEOVER_BOUND_S = LEASE_TTL_S + 4.0
 # How long a worker to be caught holding entries is frozen first (far less than its lease).
 PILE_UP_S = 0.3
+# Polls of its pending entries (a round trip each) before it is frozen to look again.
+WATCH_POLLS = 50
 
 
 def fault_scenario(number: int, slug: str, title: str, *sizes: Sizes) -> pytest.MarkDecorator:
@@ -475,7 +476,10 @@ async def _catch_holding(rig: FaultRig, worker: WorkerProcess, timeout_s: float 
         if held or time.monotonic() > deadline:
             return held
         os.kill(worker.process.pid, signal.SIGCONT)
-        await asyncio.sleep(random.uniform(0.005, 0.05))
+        # Watch it closely: the moment it has read a batch, freeze it before the ack.
+        for _ in range(WATCH_POLLS):
+            if await rig.pending_of(worker.name):
+                break
 
 
 def _recovered_within(rig: FaultRig, bound_s: float) -> None:
