@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -10,7 +11,7 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import TransientError
 from eco_router.application.reclaim_pending import ReclaimPending
-from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness
+from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness, eventually
 
 MIN_IDLE_MS = 30_000
 
@@ -193,7 +194,7 @@ class TestEntriesThatCannotBeRouted:
         assert h.pending() == {}
         assert h.broadcaster.sent == []
 
-    async def test_a_failed_publish_leaves_the_entry_for_the_next_pass(
+    async def test_a_failed_publish_is_routed_again_without_claiming_the_entry_again(
         self, h: Harness, b: InMemoryEventSource
     ) -> None:
         entry_id = h.xadd("job-1", 1)
@@ -201,16 +202,17 @@ class TestEntriesThatCannotBeRouted:
         h.clock.advance(MIN_IDLE_MS)
         h.broadcaster = DownAfterPing(channel_prefix=CHANNEL_PREFIX)
         reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
-        await reclaim()
+        passing = asyncio.create_task(reclaim())
+        await eventually(lambda: h.metrics.publish_errors >= h.max_deliveries + 2)
         assert h.pending()[entry_id].consumer == "b"
         h.broadcaster.available = True
-        h.clock.advance(MIN_IDLE_MS)
 
-        await reclaim()
+        assert await passing == 1
 
         assert h.published_seqs("job-1") == [1]
         assert await h.history_seqs("job-1") == [1]
         assert h.pending() == {}
+        assert h.dead_lettered() == []
 
 
 class TestWhilePubSubIsDown:

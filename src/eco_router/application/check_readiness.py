@@ -8,10 +8,13 @@ from eco_router.application.router_service import RouterService
 
 
 class CheckReadiness:
-    """Ready when both servers answer and the router's loops are alive; returns what failed.
+    """Ready when both servers answer and the router routes; returns every check by name.
 
-    A process that does not route (a gateway-only `serve`) passes no router and is not
-    asked about one.
+    The router's checks come from its `RouterHealth`: each supervised loop (`leases`,
+    `consumer`, `reclaimer`, `observer`) is "ok" unless it died or is retrying after a
+    transient failure, and each quarantined shard is a failing check `shard <stream>` naming
+    the cause. A process that does not route (a gateway-only `serve`) passes no router and
+    is not asked about one.
     """
 
     def __init__(
@@ -30,5 +33,5 @@ class CheckReadiness:
             except TransientError as error:
                 checks[name] = f"unreachable: {error}"
         if self._router is not None:
-            checks["router"] = "ok" if self._router.alive else "not running"
+            checks.update(self._router.health.checks())
         return checks

@@ -32,6 +32,7 @@ from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.route_batch import RouteBatch
+from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.entrypoints.factories import (
@@ -108,6 +109,13 @@ class Container(containers.DeclarativeContainer):
         max_field_bytes=settings.provided.max_field_bytes,
     )
     held_shards = providers.Singleton(HeldShards)
+    router_health = providers.Singleton(
+        RouterHealth,
+        clock=clock,
+        metrics=metrics,
+        families=settings.provided.streams,
+        quarantine_retry_s=settings.provided.quarantine_retry_s,
+    )
     keep_leases = providers.Singleton(
         KeepLeases,
         leases=lease_store,
@@ -127,6 +135,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         read_count=settings.provided.read_count,
         block_ms=settings.provided.read_block_ms,
+        health=router_health,
     )
     reclaim_pending = providers.Singleton(
         ReclaimPending,
@@ -138,6 +147,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         min_idle_ms=settings.provided.reclaim_min_idle_ms,
         page_size=settings.provided.read_count,
+        health=router_health,
     )
     observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
     router = providers.Singleton(
@@ -148,6 +158,9 @@ class Container(containers.DeclarativeContainer):
         observe=observe_shards,
         reclaim_interval_s=settings.provided.reclaim_interval_s,
         observe_interval_s=settings.provided.stats_interval_s,
+        health=router_health,
+        max_restarts=settings.provided.task_max_restarts,
+        restart_window_s=settings.provided.task_restart_window_s,
     )
     check_readiness = providers.Singleton(
         CheckReadiness,

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     http_host: str = "0.0.0.0"
     http_port: int = Field(8001, ge=0, le=65_535)
     log_level: str = "INFO"
+    # Failing loud and recovering: quarantined shards, supervised tasks.
+    quarantine_retry_s: float = Field(10, gt=0, le=3600)
+    task_max_restarts: int = Field(5, ge=0, le=1000)
+    task_restart_window_s: float = Field(60, gt=0, le=86_400)
 
     @field_validator("streams", mode="before")
     @classmethod
