@@ -299,10 +299,11 @@ class ConsumeLoop:
         self.health.worked(s for s in tokens if s not in read.broken)
         for stream, position in read.regrouped.items():
             log.error(
-                "the consumer group on %s was gone (destroyed or the stream deleted); created "
-                "again after %s, the last entry this router read there",
+                "the consumer group on %s was gone; created again %s",
                 stream,
-                position,
+                "from the start (the stream was deleted)"
+                if position in ("0", "0-0")
+                else f"after {position}, the last entry this router read there",
             )
         if read.gaps:
             # A router that lost these shards read entries of them after this one's last:

@@ -12,7 +12,7 @@ import uvicorn
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http.app import create_app
-from eco_router.entrypoints.runner import RouterRunner
+from eco_router.entrypoints.runner import EXIT_TASK_KEPT_FAILING, RouterRunner, kept_failing
 
 log = logging.getLogger(__name__)
 
@@ -67,5 +67,7 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     server.should_exit = True
     await http
     if router_ended.done() and not router_ended.cancelled() and router_ended.exception():
+        if kept_failing(router_ended.exception()):
+            raise SystemExit(EXIT_TASK_KEPT_FAILING)
         raise RuntimeError("the router stopped on an error") from router_ended.exception()
     router_ended.cancel()

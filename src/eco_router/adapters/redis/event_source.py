@@ -46,23 +46,30 @@ class RedisStreamEventSource(EventSource):
         return self._families
 
     async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
-        return await self._create_groups(dict.fromkeys(streams or self._family_of, "0"))
+        broken, _ = await self._create_groups(dict.fromkeys(streams or self._family_of, "0"))
+        return broken
 
-    async def _create_groups(self, at: Mapping[str, str]) -> dict[str, PermanentError]:
-        """XGROUP CREATE ... MKSTREAM on each stream at its id; BUSYGROUP is fine."""
+    async def _create_groups(
+        self, at: Mapping[str, str]
+    ) -> tuple[dict[str, PermanentError], list[str]]:
+        """XGROUP CREATE ... MKSTREAM on each stream at its id; BUSYGROUP is fine. Returns
+        the streams refused for good and those where the group was created."""
         with redis_errors("create consumer groups"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for stream, entry_id in at.items():
                     pipe.xgroup_create(stream, self._group, id=entry_id, mkstream=True)
                 replies = await pipe.execute(raise_on_error=False)
         broken: dict[str, PermanentError] = {}
+        created: list[str] = []
         for stream, reply in zip(at, replies, strict=True):
-            if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+            if not isinstance(reply, Exception):
+                created.append(stream)
+            elif "BUSYGROUP" not in str(reply):
                 error = port_error(reply, "XGROUP CREATE", key=stream)
                 if isinstance(error, TransientError):
                     raise error from reply
                 broken[stream] = error
-        return broken
+        return broken, created
 
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         if not after:
@@ -70,10 +77,9 @@ class RedisStreamEventSource(EventSource):
         reads, pending = await self._read_and_look_behind(after, count, together=True)
         regrouped: dict[str, str] = {}
         if isinstance(reads[0], ResponseError) and _is_nogroup(reads[0]):
-            regrouped = await self._positions(after)
-            broken = await self._create_groups(regrouped)
-            for stream in broken:
-                regrouped.pop(stream)
+            positions = await self._positions(after)
+            _, created = await self._create_groups(positions)
+            regrouped = {stream: positions[stream] for stream in created}
             reads, pending = await self._read_and_look_behind(after, count, together=True)
         if isinstance(reads[0], Exception) and not isinstance(
             error := port_error(reads[0], "XREADGROUP"), PermanentError
@@ -150,9 +156,15 @@ class RedisStreamEventSource(EventSource):
                 for stream, last in after.items():
                     pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
-        split = 1 if together else len(after)
-        reads = [r if isinstance(r, Exception) else _read_reply(r) for r in replies[:split]]
-        return reads, replies[split:]
+        if not together:
+            reads = [
+                r if isinstance(r, Exception) else _read_reply(r) for r in replies[: len(after)]
+            ]
+            return reads, replies[len(after) :]
+        if isinstance(replies[0], Exception):
+            return [replies[0]] * len(after), replies[1:]
+        by_stream = {_text(name): entries for name, entries in _read_reply(replies[0])}
+        return [[(s, by_stream[s])] if s in by_stream else [] for s in after], replies[1:]
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         if not marks:
