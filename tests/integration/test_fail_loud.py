@@ -202,8 +202,12 @@ class TestRedisOutOfMemory:
         await eventually(
             lambda: _pending_reaches(streams_redis, 3 * len(jobs)), what="the events read"
         )
-        status, checks = await readiness(worker)
-        assert status == 503
+
+        async def retrying() -> bool:
+            status, checks = await readiness(worker)
+            return status == 503 and checks["consumer"].startswith("retrying: ")
+
+        await eventually(retrying, what="/ready 503 naming the consumer")
         # Many reclaim passes would run meanwhile.
         await asyncio.sleep(3)
         await memory_back(streams_redis)

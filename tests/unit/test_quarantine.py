@@ -6,8 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.errors import PermanentError, TransientError
+from eco_router.application.router_health import RouterHealth
 from tests.unit.factories import Harness, eventually
+
+QUARANTINE_RETRY_MS = 10_001
 
 
 @asynccontextmanager
@@ -50,3 +56,68 @@ class TestAShardOfTheWrongType:
 
         assert f"shard {broken}" in loop.health.checks()
         assert (h.family.domain, 2) in h.metrics.quarantined
+
+    async def test_while_routing_the_shard_stops_alone_and_routes_again_once_fixed(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        h = Harness()
+        jobs = jobs_on_every_shard(h, "job")
+        broken = h.family.streams[1]
+        victim, other = jobs[broken], jobs[h.family.streams[0]]
+        loop = h.consume_loop()
+
+        async with running(loop):
+            h.xadd(victim, 1)
+            await eventually(lambda: h.published_seqs(victim) == [1])
+            h.streams.break_shard(broken)
+            for job in jobs.values():
+                if job != victim:
+                    h.xadd(job, 1)
+            await eventually(lambda: all(h.published_seqs(j) == [1] for j in jobs.values()))
+            await eventually(lambda: f"shard {broken}" in loop.health.checks())
+
+            h.streams.delete_stream(broken)
+            h.clock.advance(QUARANTINE_RETRY_MS)
+            h.xadd(victim, 2)
+            h.xadd(other, 2)  # wakes the loop, which waits for appends on the readable shards
+            await eventually(lambda: h.published_seqs(victim) == [1, 2])
+
+        assert f"shard {broken}" not in loop.health.checks()
+        assert h.metrics.quarantined == set()
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1
+        assert broken in errors[0].message
+
+
+class TestRouterHealth:
+    def test_a_quarantine_is_logged_once_per_episode(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        h = Harness()
+        health = RouterHealth(clock=h.clock, metrics=h.metrics, families=[h.family])
+        stream = h.family.streams[0]
+
+        for _ in range(3):
+            health.quarantine(stream, PermanentError(stream, "WRONGTYPE"))
+
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+        assert health.blocked() == {stream}
+        assert health.due() == []
+        h.clock.advance(QUARANTINE_RETRY_MS)
+        assert health.due() == [stream]
+
+    def test_a_transient_episode_warns_once_and_fails_readiness_until_it_ends(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        h = Harness()
+        health = RouterHealth(clock=h.clock, metrics=h.metrics)
+        health.task_running("consumer")
+
+        for _ in range(5):
+            health.troubled("consumer", TransientError("OOM command not allowed"))
+        troubled = health.checks()
+        health.untroubled("consumer")
+
+        assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+        assert troubled == {"consumer": "retrying: OOM command not allowed"}
+        assert health.checks() == {"consumer": "ok"}

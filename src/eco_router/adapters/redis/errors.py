@@ -63,9 +63,9 @@ _CODE = re.compile(r"(?:^|:\s*)([A-Z][A-Z_]+)\b")
 def error_code(error: ResponseError) -> str:
     """The Redis error code of a reply error (`WRONGTYPE`, `OOM`, ...), `ERR` when none."""
     status: object = getattr(error, "status_code", None)
-    if isinstance(status, str) and status:
-        return status
     codes: list[str] = _CODE.findall(str(error))
+    if isinstance(status, str) and status:
+        codes.insert(0, status)
     for code in codes:
         if code in TRANSIENT_CODES:
             return code
