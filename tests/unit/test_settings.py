@@ -37,6 +37,8 @@ class TestDefaults:
         assert settings.http_port == 8001
         assert settings.lease_ttl_ms == 4000
         assert settings.lease_renew_ms == 1000
+        assert (settings.max_event_bytes, settings.max_result_bytes) == (8192, 131_072)
+        assert settings.history_max_bytes == 1_048_576
 
     def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")
@@ -94,6 +96,21 @@ class TestErrors:
     def test_markers_may_not_expire_before_the_state(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("EVENT_ROUTER_PUBLISHED_TTL_S", "60")
         with pytest.raises(ConfigError, match="EVENT_ROUTER_PUBLISHED_TTL_S"):
+            load_settings()
+
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("EVENT_ROUTER_MAX_EVENT_BYTES", "200000"),
+            ("EVENT_ROUTER_MAX_RESULT_BYTES", "4096"),
+            ("EVENT_ROUTER_HISTORY_MAX_BYTES", "65536"),
+        ],
+    )
+    def test_an_event_limit_must_fit_the_next_limit_up(
+        self, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    ) -> None:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ConfigError, match="EVENT_ROUTER_MAX_EVENT_BYTES <= "):
             load_settings()
 
     def test_the_cli_exits_2_with_the_message_on_stderr(

@@ -87,6 +87,7 @@ class Container(containers.DeclarativeContainer):
         state_ttl_s=settings.provided.state_ttl_s,
         markers_ttl_s=settings.provided.published_ttl_s,
         history_size=settings.provided.history_size,
+        history_max_bytes=settings.provided.history_max_bytes,
     )
     broadcaster = providers.Singleton(
         RedisPubSubBroadcaster, pubsub_redis, channel_prefix=settings.provided.channel_prefix
@@ -106,6 +107,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         max_deliveries=settings.provided.max_deliveries,
         max_field_bytes=settings.provided.max_field_bytes,
+        size_limits=settings.provided.event_size_limits,
     )
     held_shards = providers.Singleton(HeldShards)
     keep_leases = providers.Singleton(
@@ -228,6 +230,7 @@ def use_in_memory(container: Container) -> None:
             state_ttl_s=settings.provided.state_ttl_s,
             markers_ttl_s=settings.provided.published_ttl_s,
             history_size=settings.provided.history_size,
+            history_max_bytes=settings.provided.history_max_bytes,
         )
     )
     container.broadcaster.override(

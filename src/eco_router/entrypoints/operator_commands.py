@@ -44,7 +44,12 @@ def family_for(settings: Settings, domain: str) -> StreamFamily:
 
 def producer_config(settings: Settings, domain: str, stages: str | None) -> ProducerConfig:
     plan = StagePlan(tuple(s.strip() for s in stages.split(","))) if stages else StagePlan()
-    return ProducerConfig(family=family_for(settings, domain), plan=plan)
+    return ProducerConfig(
+        family=family_for(settings, domain),
+        plan=plan,
+        size_limits=settings.event_size_limits,
+        max_field_bytes=settings.max_field_bytes,
+    )
 
 
 @asynccontextmanager

@@ -16,6 +16,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from eco_router.domain.event_size import (
+    DEFAULT_HISTORY_MAX_BYTES,
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    EventSizeLimits,
+)
 from eco_router.domain.streams import StreamFamily
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -77,6 +83,9 @@ class Settings(BaseSettings):
     history_size: int = Field(100, ge=1, le=10_000)
     channel_prefix: str = Field("sse:events", min_length=1)
     max_field_bytes: int = Field(64 * 1024, ge=1)
+    max_event_bytes: int = Field(DEFAULT_MAX_EVENT_BYTES, ge=256)
+    max_result_bytes: int = Field(DEFAULT_MAX_RESULT_BYTES, ge=256)
+    history_max_bytes: int = Field(DEFAULT_HISTORY_MAX_BYTES, ge=1024)
     stats_interval_s: float = Field(5, gt=0)
     jwt_secret: SecretStr | None = None
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -131,6 +140,19 @@ class Settings(BaseSettings):
                 "so one late heartbeat does not lose a router its shards"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> Settings:
+        if not self.max_event_bytes <= self.max_result_bytes <= self.history_max_bytes:
+            raise ValueError(
+                "EVENT_ROUTER_MAX_EVENT_BYTES <= EVENT_ROUTER_MAX_RESULT_BYTES <= "
+                "EVENT_ROUTER_HISTORY_MAX_BYTES must hold, so every routed event fits a history"
+            )
+        return self
+
+    @property
+    def event_size_limits(self) -> EventSizeLimits:
+        return EventSizeLimits(self.max_event_bytes, self.max_result_bytes)
 
     @property
     def domains(self) -> tuple[str, ...]:
