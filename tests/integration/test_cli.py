@@ -191,6 +191,29 @@ class TestState:
         assert shown["state"] == await job_state(streams_redis, "job-7")
 
     @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+    async def test_control_characters_in_a_stored_event_reach_the_terminal_escaped(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis, as_json: bool
+    ) -> None:
+        # ESC, a C1 CSI (an escape on its own in some terminals) and a right-to-left override.
+        stage = "vis\x1b[31mion\x9b2J\u202eevil"
+        await workers.start()
+        await add_raw(
+            streams_redis,
+            SCAN.stream_for("job-esc"),
+            {b"job_id": b"job-esc", b"seq": b"3", b"stage": stage.encode()},
+        )
+        await eventually(lambda: _seq_reached(streams_redis, "job-esc", 3), what="job-esc routed")
+
+        done = await eco_router(env, "state", *(["--json"] if as_json else []), "job-esc")
+
+        assert done.returncode == 0, done.stderr
+        assert not {"\x1b", "\x9b", "\u202e"} & set(done.stdout)
+        if as_json:
+            assert json.loads(done.stdout)["state"]["stage"] == stage
+        else:
+            assert "vis\\u001b[31mion\\u009b2J\\u202eevil" in done.stdout
+
+    @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
     async def test_an_unknown_job_exits_1(self, env: dict[str, str], as_json: bool) -> None:
         done = await eco_router(env, "state", *(["--json"] if as_json else []), "nobody")
 
@@ -268,7 +291,8 @@ class TestDemo:
 BAD_ENTRIES = {
     "missing_seq": (
         SCAN.stream_for("job-noseq"),
-        {b"job_id": b"job-noseq", b"stage": b"vision", b"status": b"started"},
+        # An escape sequence that clears the screen, then one that turns it red.
+        {b"job_id": b"job-noseq", b"stage": b"vision", b"note": b"\x1b[2J\x1b[31mred"},
     ),
     "not_utf8": (
         SCAN.stream_for("job-bin"),
@@ -335,6 +359,16 @@ class TestDeadLetters:
             assert "deliveries=1" in line
         assert "job_id=job-noseq" in done.stdout
 
+    async def test_dlq_list_shows_control_characters_escaped_not_raw(
+        self, env: dict[str, str], dead_lettered: DeadLettered
+    ) -> None:
+        done = await eco_router(env, "dlq", "list")
+
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout
+        assert "note=\\u001b[2J\\u001b[31mred" in done.stdout
+        assert "\x00" not in done.stdout
+
     async def test_dlq_list_says_when_the_dead_letter_stream_is_empty(
         self, env: dict[str, str]
     ) -> None:
@@ -394,6 +428,31 @@ class TestDeadLetters:
 
         assert done.returncode == 2
         assert "no dead letter 1-1 in scan:events:dlq" in done.stderr
+        assert await all_entries(streams_redis) == before
+        assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
+
+    async def test_replay_names_every_id_it_cannot_find_and_replays_nothing(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        listing = (await eco_router(env, "dlq", "list")).stdout
+        known = dead_lettered.dlq_id_of(listing, "not_utf8")
+        bare_ms = known.partition("-")[0]
+        before = await all_entries(streams_redis)
+
+        done = await eco_router(env, "dlq", "replay", known, "1-1", "abc", bare_ms, "2-2")
+
+        assert done.returncode == 2
+        errors = done.stderr.splitlines()
+        assert errors == [
+            "eco-router dlq replay: 'abc' is not a dead-letter id "
+            "(MILLISECONDS-SEQUENCE, as `dlq list` shows)",
+            f"eco-router dlq replay: {bare_ms!r} is not a dead-letter id "
+            "(MILLISECONDS-SEQUENCE, as `dlq list` shows)",
+            "eco-router dlq replay: no dead letter 1-1 in scan:events:dlq",
+            "eco-router dlq replay: no dead letter 2-2 in scan:events:dlq",
+            "eco-router dlq replay: nothing replayed",
+        ]
+        assert done.stdout == ""
         assert await all_entries(streams_redis) == before
         assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,16 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import DeadLetter
 from eco_router.application.ports import DeadLetterSink
 from eco_router.domain.streams import StreamFamily
+
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+class MissingDeadLetters(LookupError):
+    """Some ids name no dead letter; `missing` says, per id, what is wrong with it."""
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        super().__init__("; ".join(missing))
+        self.missing = list(missing)
 
 
 class RedisStreamDeadLetterSink(DeadLetterSink):
@@ -66,7 +77,8 @@ class RedisDeadLetterArchive:
         """Put the letters (all when `dlq_ids` is None) back on their stream, then delete them.
 
         The original fields go back byte for byte under a new entry id; a replay interrupted
-        between the two steps may append twice, which the router's dedup absorbs.
+        between the two steps may append twice, which the router's dedup absorbs. When an id
+        names no dead letter, nothing is replayed: `MissingDeadLetters` lists every such id.
         """
         letters = await self._select(family, dlq_ids)
         replayed = []
@@ -89,15 +101,28 @@ class RedisDeadLetterArchive:
             with transient_errors("XRANGE dead letters"):
                 entries = await self._redis.xrange(family.dead_letter_stream)
             return _letters(entries)
-        letters = []
-        for dlq_id in dlq_ids:
-            with transient_errors("XRANGE dead letter"):
-                entries = await self._redis.xrange(family.dead_letter_stream, dlq_id, dlq_id)
-            found = _letters(entries)
-            if not found:
-                raise LookupError(f"no dead letter {dlq_id} in {family.dead_letter_stream}")
-            letters += found
-        return letters
+        wanted = list(dict.fromkeys(dlq_ids))
+        # A bare millisecond time would be read as a range: every letter of that millisecond.
+        malformed = [i for i in wanted if _ENTRY_ID.fullmatch(i) is None]
+        well_formed = [i for i in wanted if i not in malformed]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for dlq_id in well_formed:
+                pipe.xrange(family.dead_letter_stream, dlq_id, dlq_id)
+            with transient_errors("XRANGE dead letters"):
+                found = await pipe.execute() if well_formed else []
+        letters = [_letters(entries) for entries in found]
+        missing = [
+            f"{dlq_id!r} is not a dead-letter id (MILLISECONDS-SEQUENCE, as `dlq list` shows)"
+            for dlq_id in malformed
+        ]
+        missing += [
+            f"no dead letter {dlq_id} in {family.dead_letter_stream}"
+            for dlq_id, letter in zip(well_formed, letters, strict=True)
+            if not letter
+        ]
+        if missing:
+            raise MissingDeadLetters(missing)
+        return [letter for each in letters for letter in each]
 
 
 @dataclass(frozen=True, slots=True)
