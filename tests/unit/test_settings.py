@@ -142,3 +142,39 @@ class TestRetiredSettings:
             log_start("worker", load_settings())
 
         assert caplog.text == ""
+
+
+class TestSecretsInErrors:
+    def test_an_invalid_url_is_echoed_without_its_password(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("REDIS_PUBSUB_URL", "http://router:s3cret-pw@redis-b:6379/0")
+
+        with pytest.raises(ConfigError) as raised:
+            load_settings()
+
+        assert "s3cret-pw" not in str(raised.value)
+        assert "'http://router:***@redis-b:6379/0'" in str(raised.value)
+
+    def test_a_rule_across_settings_echoes_no_setting_at_all(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", "redis://router:s3cret-pw@redis-a:6379/0")
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "jwt-secret-" + "k" * 40)
+        monkeypatch.setenv("EVENT_ROUTER_PUBLISHED_TTL_S", "60")
+
+        assert main(["worker"]) == 2
+
+        err = capsys.readouterr().err
+        assert "EVENT_ROUTER_PUBLISHED_TTL_S must be at least" in err
+        assert "s3cret-pw" not in err
+        assert "jwt-secret-" not in err
+
+    def test_an_invalid_secret_is_never_echoed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "")
+
+        with pytest.raises(ConfigError) as raised:
+            load_settings()
+
+        assert "EVENT_ROUTER_JWT_SECRET" in str(raised.value)
+        assert "value hidden" in str(raised.value)

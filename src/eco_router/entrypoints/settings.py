@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     AliasChoices,
@@ -16,6 +16,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
@@ -185,12 +186,29 @@ def load_settings(**overrides: object) -> Settings:
 
 
 def describe(error: ValidationError) -> str:
+    """One line per problem, naming the variable; never a password or a secret."""
     lines = []
     for problem in error.errors():
-        location = problem["loc"][0] if problem["loc"] else ""
-        name = _env_name(str(location)) if location else "settings"
-        lines.append(f"{name}: {problem['msg']} (got {problem.get('input')!r})")
+        location = str(problem["loc"][0]) if problem["loc"] else ""
+        if not location:
+            # A rule across settings: its input is the whole environment, secrets included.
+            lines.append(f"{problem['msg']}")
+            continue
+        lines.append(f"{_env_name(location)}: {problem['msg']} ({_shown(location, problem)})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _shown(field: str, problem: Any) -> str:
+    value = problem.get("input")
+    if field.lower() in _SECRET_FIELDS:
+        return "value hidden"
+    if isinstance(value, str) and field.lower() in _URL_FIELDS:
+        return f"got {redact_url(value)!r}"
+    return f"got {redact_query(value) if isinstance(value, str) else value!r}"
+
+
+_SECRET_FIELDS = frozenset({"jwt_secret"})
+_URL_FIELDS = frozenset({"redis_streams_url", "redis_pubsub_url"})
 
 
 def _env_name(field: str) -> str:

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from eco_router import __version__
+from eco_router.adapters.redaction import hide_access_log_tokens
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
@@ -54,6 +55,7 @@ def create_app(
                 demo_jobs = await resolve(container.start_demo_job())
                 await demo_jobs.aclose()
 
+    hide_access_log_tokens()
     app = FastAPI(title="eco-router", version=__version__, lifespan=lifespan)
     app.state.container = container
     app.state.demo = demo
