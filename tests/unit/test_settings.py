@@ -84,6 +84,9 @@ class TestErrors:
             ("EVENT_ROUTER_LOG_LEVEL", "LOUD"),
             ("EVENT_ROUTER_ORDER_WAIT_MS", "-5"),
             ("EVENT_ROUTER_ORDER_WAIT_MS", "a while"),
+            ("EVENT_ROUTER_JWT_SECRET", "short-secret"),
+            ("EVENT_ROUTER_JWT_SECRET", "x" * 31),
+            ("EVENT_ROUTER_JWT_REQUIRE_EXP", "sometimes"),
         ],
     )
     def test_an_invalid_value_is_refused_naming_the_variable(
@@ -112,6 +115,22 @@ class TestErrors:
         monkeypatch.setenv(variable, value)
         with pytest.raises(ConfigError, match="EVENT_ROUTER_MAX_EVENT_BYTES <= "):
             load_settings()
+
+    def test_a_weak_jwt_secret_stops_startup_with_one_line_and_exit_2(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "hunter2")
+
+        assert main(["serve", "--in-memory"]) == 2
+
+        err = capsys.readouterr().err
+        assert "EVENT_ROUTER_JWT_SECRET: Value error, must be at least 32 bytes" in err
+        assert "hunter2" not in err
+
+    def test_exp_is_required_unless_switched_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert load_settings().jwt_require_exp is True
+        monkeypatch.setenv("EVENT_ROUTER_JWT_REQUIRE_EXP", "false")
+        assert load_settings().jwt_require_exp is False
 
     def test_the_cli_exits_2_with_the_message_on_stderr(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -273,8 +273,9 @@ class EventDecoder(Protocol):
 class Authorizer(Protocol):
     """Decides whether a request may read a job's events."""
 
-    def authorize(self, token: str | None, job_id: str) -> None:
-        """Raise `Unauthorized` without a valid token, `Forbidden` if it does not name the job."""
+    def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
+        """Raise `Unauthorized` without a valid token, `Forbidden` if it does not name the job
+        in `domain`."""
         ...
 
 

@@ -170,7 +170,9 @@ class Container(containers.DeclarativeContainer):
         metrics=gateway_metrics,
         queue_size=settings.provided.sse_queue_size,
     )
-    authorizer = providers.Singleton(make_authorizer, settings.provided.jwt_secret)
+    authorizer = providers.Singleton(
+        make_authorizer, settings.provided.jwt_secret, settings.provided.jwt_require_exp
+    )
     stream_limits = providers.Singleton(
         StreamLimits,
         keepalive_s=settings.provided.sse_keepalive_s,

@@ -20,12 +20,18 @@ DEMO_EVENTS_PER_SECOND = 5.0
 
 def demo_producer_config(settings: Settings) -> ProducerConfig:
     """Demo jobs go to the first configured family."""
-    return ProducerConfig(family=settings.streams[0])
+    return ProducerConfig(
+        family=settings.streams[0],
+        size_limits=settings.event_size_limits,
+        max_field_bytes=settings.max_field_bytes,
+    )
 
 
-def make_authorizer(secret: SecretStr | None) -> Authorizer:
+def make_authorizer(secret: SecretStr | None, require_exp: bool = True) -> Authorizer:
     """JWTs when a secret is configured, else open (the app warns at startup)."""
-    return JwtAuthorizer(secret.get_secret_value()) if secret is not None else OpenAuthorizer()
+    if secret is None:
+        return OpenAuthorizer()
+    return JwtAuthorizer(secret.get_secret_value(), require_exp=require_exp)
 
 
 @asynccontextmanager

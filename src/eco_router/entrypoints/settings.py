@@ -16,6 +16,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from eco_router.adapters.jwt_authorizer import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
@@ -89,6 +90,7 @@ class Settings(BaseSettings):
     history_max_bytes: int = Field(DEFAULT_HISTORY_MAX_BYTES, ge=1024)
     stats_interval_s: float = Field(5, gt=0)
     jwt_secret: SecretStr | None = None
+    jwt_require_exp: bool = True
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
@@ -114,6 +116,11 @@ class Settings(BaseSettings):
     def _check_secret(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value():
             raise ValueError("must not be empty (unset it to run without authorization)")
+        if value is not None and len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_BYTES} bytes for HS256 "
+                "(e.g. the output of `openssl rand -base64 32`)"
+            )
         return value
 
     @field_validator("log_level")
