@@ -120,8 +120,10 @@ class TestErrors:
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
         monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "hunter2")
+        # Nothing listens there: were the settings accepted, the command could reach no server.
+        monkeypatch.setenv("REDIS_STREAMS_URL", "redis://127.0.0.1:1/0")
 
-        assert main(["serve", "--in-memory"]) == 2
+        assert main(["dlq", "replay", "--all"]) == 2
 
         err = capsys.readouterr().err
         assert "EVENT_ROUTER_JWT_SECRET: Value error, must be at least 32 bytes" in err

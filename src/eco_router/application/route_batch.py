@@ -107,8 +107,16 @@ class RouteBatch:
                     DeadLetter(delivery, RejectReason.RESULT_NOT_JSON, f"cannot encode: {error}")
                 )
                 continue
-            too_large = self._size_limits.check(
-                len(payload), stage=event.stage, status=event.status, has_result=event.has_result
+            # Most events are under the smaller limit: only the others are judged further.
+            too_large = (
+                self._size_limits.check(
+                    len(payload),
+                    stage=event.stage,
+                    status=event.status,
+                    has_result=event.has_result,
+                )
+                if len(payload) > self._size_limits.max_event_bytes
+                else None
             )
             if too_large is not None:
                 delivery = by_entry.pop(_entry_key(event))
