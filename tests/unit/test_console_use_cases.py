@@ -201,6 +201,23 @@ class TestReadConsoleSnapshot:
             10 * 1000 / WINDOW_MS
         )
 
+    async def test_a_counter_unknown_at_first_is_measured_from_the_first_snapshot_knowing_it(
+        self, pipeline: Pipeline
+    ) -> None:
+        pipeline.streams.delete_stream(SCAN.streams[0])
+        await pipeline.snapshot()  # t=0: no group yet, reads unknown
+        pipeline.clock.advance(1000)
+        await pipeline.source.prepare()
+        for _ in range(4):
+            pipeline.streams.xadd(SCAN.streams[0], make_fields())
+        await pipeline.snapshot()  # t=1 s: 4 appended, none read
+        pipeline.clock.advance(1000)
+        pipeline.read(SCAN.streams[0], 4)
+
+        row = (await pipeline.snapshot()).domains[0].shards[0]
+
+        assert (row.added_per_s, row.read_per_s) == (2.0, 4.0)
+
     async def test_after_a_long_quiet_spell_old_snapshots_are_forgotten(
         self, pipeline: Pipeline
     ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -79,9 +79,9 @@ class ReadConsoleSnapshot:
     - Rates are derived here, from the shards' ever-growing counters in successive snapshots:
       `added_per_s` from entries appended, `read_per_s` from entries the group read, over the
       span from the newest earlier snapshot at least `rate_window_ms` old (or the oldest one
-      kept) to now. The first snapshot (earlier ones older than `MAX_BASE_AGE_WINDOWS`
-      windows are forgotten) and a shard whose counters are unknown or went back (a
-      stream deleted and re-created) have no rate.
+      kept that knew the counter) to now. The first snapshot (earlier ones older than
+      `MAX_BASE_AGE_WINDOWS` windows are forgotten) and a shard whose counters are unknown or
+      went back (a stream deleted and re-created) have no rate.
     - A family's totals are unknown (None) when any shard's figure is.
     """
 
@@ -160,34 +160,39 @@ class ReadConsoleSnapshot:
 
     def _rates(self, sample: _Sample) -> dict[str, tuple[float | None, float | None]]:
         samples = self._samples
-        while (
-            samples
-            and samples[0].at_ms < sample.at_ms - self.MAX_BASE_AGE_WINDOWS * self._window_ms
-        ):
+        oldest_kept = sample.at_ms - self.MAX_BASE_AGE_WINDOWS * self._window_ms
+        while samples and samples[0].at_ms < oldest_kept:
             samples.popleft()
         while len(samples) >= 2 and samples[1].at_ms <= sample.at_ms - self._window_ms:
             samples.popleft()
-        base = samples[0] if samples else None
+        earlier = [s for s in samples if s.at_ms < sample.at_ms]
         samples.append(sample)
-        elapsed_ms = sample.at_ms - base.at_ms if base is not None else 0
-        if base is None or elapsed_ms <= 0:
-            return {}
-        rates = {}
-        for stream, now in sample.counters.items():
-            then = base.counters.get(stream)
-            if then is None:
-                continue
-            rates[stream] = (
-                _rate(then.added, now.added, elapsed_ms),
-                _rate(then.read, now.read, elapsed_ms),
+        return {
+            stream: (
+                _rate(earlier, stream, now.added, lambda c: c.added, sample.at_ms),
+                _rate(earlier, stream, now.read, lambda c: c.read, sample.at_ms),
             )
-        return rates
+            for stream, now in sample.counters.items()
+        }
 
 
-def _rate(then: int | None, now: int | None, elapsed_ms: int) -> float | None:
-    if then is None or now is None or now < then:
+def _rate(
+    earlier: Sequence[_Sample],
+    stream: str,
+    now: int | None,
+    counter: Callable[[ShardCounters], int | None],
+    now_ms: int,
+) -> float | None:
+    """Per second since the oldest earlier sample that knew the counter (a group created on
+    an empty stream tells its reads only once it has read)."""
+    if now is None:
         return None
-    return (now - then) * 1000 / elapsed_ms
+    for sample in earlier:
+        counters = sample.counters.get(stream)
+        then = counter(counters) if counters is not None else None
+        if then is not None:
+            return (now - then) * 1000 / (now_ms - sample.at_ms) if now >= then else None
+    return None
 
 
 def _total(values: Sequence[Number | None]) -> Number | None:
