@@ -213,9 +213,12 @@ class TestReadConsoleSnapshot:
         await pipeline.snapshot()  # t=1 s: 4 appended, none read
         pipeline.clock.advance(1000)
         pipeline.read(SCAN.streams[0], 4)
+        for _ in range(2):
+            pipeline.streams.xadd(SCAN.streams[0], make_fields())
 
         row = (await pipeline.snapshot()).domains[0].shards[0]
 
+        # Over the last second (from t=1 s), not the two since the first snapshot.
         assert (row.added_per_s, row.read_per_s) == (2.0, 4.0)
 
     async def test_after_a_long_quiet_spell_old_snapshots_are_forgotten(

@@ -29,7 +29,8 @@ class InMemoryShardProgress(ShardProgress):
             try:
                 last = StreamEntryId.parse(self._streams.last_delivered(stream, self._group))
             except NoGroup:
-                counters.append(ShardCounters(stream, len(ids), None))
+                # As on Redis, whose counters are the group's: no group, nothing known.
+                counters.append(ShardCounters(stream, None, None))
                 continue
             counters.append(ShardCounters(stream, len(ids), sum(1 for i in ids if i <= last)))
         return counters
