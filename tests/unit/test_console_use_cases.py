@@ -178,6 +178,20 @@ class TestReadConsoleSnapshot:
         assert (scan.shards[1].added_per_s, scan.shards[1].read_per_s) == (0.0, 0.0)
         assert (scan.added_per_s, scan.read_per_s) == (10.0, 5.0)
 
+    async def test_a_familys_rates_add_up_the_shards_whose_rate_is_known(
+        self, pipeline: Pipeline
+    ) -> None:
+        pipeline.streams.delete_stream(SCAN.streams[1])  # no group there: no counters
+        await pipeline.snapshot()
+        pipeline.clock.advance(1000)
+        for _ in range(3):
+            pipeline.streams.xadd(SCAN.streams[0], make_fields())
+
+        scan = (await pipeline.snapshot()).domains[0]
+
+        assert [s.added_per_s for s in scan.shards] == [3.0, None]
+        assert (scan.added_per_s, scan.read_per_s) == (3.0, 0.0)
+
     async def test_rates_span_back_to_the_newest_snapshot_a_window_old(
         self, pipeline: Pipeline
     ) -> None:

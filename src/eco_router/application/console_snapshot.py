@@ -82,7 +82,8 @@ class ReadConsoleSnapshot:
       kept that knew the counter) to now. The first snapshot (earlier ones older than
       `MAX_BASE_AGE_WINDOWS` windows are forgotten) and a shard whose counters are unknown or
       went back (a stream deleted and re-created) have no rate.
-    - A family's totals are unknown (None) when any shard's figure is.
+    - A family's lag is unknown (None) when any shard's is; its rates add up the shards whose
+      rate is known (a shard that never had an entry has none), None when none is.
     """
 
     MAX_BASE_AGE_WINDOWS = 6
@@ -142,8 +143,8 @@ class ReadConsoleSnapshot:
                     prefix=family.prefix,
                     lag=_total([r.lag for r in rows]),
                     pending=sum(r.pending for r in rows),
-                    added_per_s=_total([r.added_per_s for r in rows]),
-                    read_per_s=_total([r.read_per_s for r in rows]),
+                    added_per_s=_known_total([r.added_per_s for r in rows]),
+                    read_per_s=_known_total([r.read_per_s for r in rows]),
                     dead_letters=tally.count,
                     newest_dead_letter=tally.newest_id,
                     shards=tuple(rows),
@@ -198,3 +199,8 @@ def _rate(
 def _total(values: Sequence[Number | None]) -> Number | None:
     known = [v for v in values if v is not None]
     return sum(known[1:], known[0]) if known and len(known) == len(values) else None
+
+
+def _known_total(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
