@@ -11,9 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+import jwt
 import pytest
 from playwright.sync_api import Browser, Page, expect
 from redis import Redis
@@ -32,6 +36,7 @@ __all__ = ["browser"]  # the shared chromium fixture, used by the tests below
 
 SCAN = StreamFamily("scan:events", 4)
 ROUTER = "browser-router"
+SECRET = "browser-console-secret-" + "s" * 41
 
 
 @dataclass(frozen=True)
@@ -40,24 +45,30 @@ class ConsoleServer:
     redis: Redis
 
 
-@pytest.fixture(scope="module")
-def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleServer]:
+@contextmanager
+def serving_console(log: Path, **env: str) -> Iterator[ConsoleServer]:
     """`eco-router serve` with the console on, routing a redis-server of its own."""
-    log = tmp_path_factory.mktemp("console") / "serve.log"
     port = _free_port()
     with RedisServer() as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
-        env |= {
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))
+        }
+        environment |= {
             "REDIS_STREAMS_URL": server.url,
             "EVENT_ROUTER_CONSOLE": "true",
             "EVENT_ROUTER_CONSOLE_REFRESH_S": "0.5",
             "EVENT_ROUTER_CONSUMER_NAME": ROUTER,
             "EVENT_ROUTER_READ_BLOCK_MS": "100",
+            **env,
         }
         command = [*_serve_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
         with log.open("wb") as output:
             process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+                command,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
             )
         base_url = f"http://127.0.0.1:{port}"
         redis = Redis.from_url(server.url)
@@ -73,6 +84,21 @@ def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+@pytest.fixture(scope="module")
+def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleServer]:
+    """Open to everyone (no JWT secret), as `make run` serves it."""
+    with serving_console(tmp_path_factory.mktemp("console") / "serve.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def secured_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleServer]:
+    """With a JWT secret: the console needs an admin token."""
+    log = tmp_path_factory.mktemp("secured-console") / "serve.log"
+    with serving_console(log, EVENT_ROUTER_JWT_SECRET=SECRET) as server:
+        yield server
 
 
 @pytest.fixture
@@ -195,6 +221,41 @@ class TestJobLookup:
 
         expect(page.locator("#job-notice")).to_contain_text("unknown or expired")
         expect(page.locator("#job-result")).to_be_hidden()
+
+
+class TestSigningIn:
+    def test_a_viewer_token_is_turned_away_and_an_admin_token_opens_the_console(
+        self, browser: Browser, secured_console: ConsoleServer
+    ) -> None:
+        context = browser.new_context(base_url=secured_console.base_url)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            page.goto("/console")
+            expect(page.locator("#signin")).to_be_visible()
+            expect(page.locator("#console")).to_be_hidden()
+
+            page.get_by_label("admin token").fill(_token(jobs=["*"]))
+            page.get_by_role("button", name="Sign in").click()
+            expect(page.locator("#signin-error")).to_contain_text("not an admin token")
+
+            page.get_by_label("admin token").fill(_token(admin=True))
+            page.get_by_role("button", name="Sign in").click()
+
+            expect(page.locator("#console")).to_be_visible()
+            expect(page.locator(f'tr[data-stream="{SCAN.streams[0]}"] .holder')).to_have_text(
+                ROUTER
+            )
+            # The live stream (an EventSource, which sends the cookie and no header) is let in.
+            expect(page.locator("#live")).to_have_attribute("data-state", "live")
+            (cookie,) = [c for c in context.cookies() if c["name"] == "eco_router_token"]
+            assert cookie["httpOnly"] is True
+        finally:
+            context.close()
+
+
+def _token(**claims: object) -> str:
+    return jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
 
 
 def _letter_of(job: str, stream: str) -> dict[str, str]:

@@ -92,6 +92,23 @@ class TestOffByDefault:
 
         assert response.status_code == 404
 
+    async def test_the_workers_port_never_serves_the_console(self) -> None:
+        container = build_container(
+            load_settings(consumer_name="console-test", console=True), in_memory=True
+        )
+        # What `eco-router worker` serves next to its router: no lifespan of its own.
+        app = create_app(container, owns_lifecycle=False)
+        try:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://worker.test"
+            ) as client:
+                page = await client.get("/console")
+                data = await client.get(DATA[0])
+        finally:
+            container.unwire()
+
+        assert (page.status_code, data.status_code) == (404, 404)
+
 
 class TestWithASecret:
     async def test_the_page_loads_without_a_token_so_it_can_ask_for_one(

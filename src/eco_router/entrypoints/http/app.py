@@ -60,7 +60,9 @@ def create_app(
     container.wire(modules=[ops_routes, sse_routes])
     app.include_router(ops_routes.router)
     app.include_router(sse_routes.router)
-    console_routes.install(app, container)
+    if owns_lifecycle:
+        # `serve` only: the worker's port is for probes and metrics.
+        console_routes.install(app, container)
 
     @app.exception_handler(PortError)
     async def port_error(request: Request, error: PortError) -> JSONResponse:
