@@ -45,8 +45,10 @@ lint: venv
 	$(BIN)/mypy src
 	$(BIN)/lint-imports
 
+# The operator console at /console is on here (it is off by default); EVENT_ROUTER_CONSOLE=false turns it off.
 run: venv
-	$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
+	EVENT_ROUTER_CONSOLE=$${EVENT_ROUTER_CONSOLE:-true} \
+		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
 
 worker: venv
 	$(BIN)/eco-router worker

@@ -867,6 +867,25 @@ class FaultRig:
         """
         started = time.monotonic() if at is None else at
         self.figures.recovery_from = origin
+        recovered = self._recovered_condition(also)
+
+        async def clock() -> None:
+            if await until(recovered, timeout_s=600):
+                self.figures.recovery_s = round(time.monotonic() - started, 3)
+                self._recovered = True
+
+        self._recovery = asyncio.create_task(clock(), name="recovery-clock")
+
+    async def time_to_recover(self, started: float, *, timeout_s: float = 120.0) -> float:
+        """Seconds from `started` (a `time.monotonic()`) until recovered, as `recover_from`
+        defines it; for a scenario that times several faults one after the other."""
+        recovered = self._recovered_condition(None)
+        self.require(await until(recovered, timeout_s=timeout_s), "no recovery from a fault")
+        return round(time.monotonic() - started, 3)
+
+    def _recovered_condition(
+        self, also: Callable[[], Awaitable[bool]] | None
+    ) -> Callable[[], Awaitable[bool]]:
         owed = self._owed_now()
         malformed = set(self.load.malformed)
 
@@ -877,12 +896,7 @@ class FaultRig:
                 return False
             return also is None or await also()
 
-        async def clock() -> None:
-            if await until(holds, timeout_s=600):
-                self.figures.recovery_s = round(time.monotonic() - started, 3)
-                self._recovered = True
-
-        self._recovery = asyncio.create_task(clock(), name="recovery-clock")
+        return holds
 
     # -- the end --
 

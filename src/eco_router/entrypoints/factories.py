@@ -8,10 +8,16 @@ from contextlib import asynccontextmanager
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
-from eco_router.application.ports import Authorizer, EventDecoder, GatewayMetrics
+from eco_router.application.ports import (
+    AdminAuthorizer,
+    Authorizer,
+    EventDecoder,
+    GatewayMetrics,
+)
 from eco_router.entrypoints.settings import Settings
 
 # A pace a person can follow in the browser: about two seconds per job.
@@ -32,6 +38,13 @@ def make_authorizer(secret: SecretStr | None, require_exp: bool = True) -> Autho
     if secret is None:
         return OpenAuthorizer()
     return JwtAuthorizer(secret.get_secret_value(), require_exp=require_exp)
+
+
+def make_admin_authorizer(secret: SecretStr | None) -> AdminAuthorizer:
+    """Admin JWTs when a secret is configured, else open (the console warns at startup)."""
+    if secret is None:
+        return OpenAdminAuthorizer()
+    return JwtAdminAuthorizer(secret.get_secret_value())
 
 
 @asynccontextmanager

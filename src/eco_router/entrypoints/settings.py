@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(5, ge=1)
     history_size: int = Field(100, ge=1, le=10_000)
     channel_prefix: str = Field("sse:events", min_length=1)
+    # The operator console (/console on `serve`): off unless asked for.
+    console: bool = False
+    console_refresh_s: float = Field(2, gt=0, le=300)
     max_field_bytes: int = Field(64 * 1024, ge=1)
     max_event_bytes: int = Field(DEFAULT_MAX_EVENT_BYTES, ge=256)
     max_result_bytes: int = Field(DEFAULT_MAX_RESULT_BYTES, ge=256)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -17,8 +16,8 @@ from eco_router.adapters.dead_letter_format import (
 from eco_router.adapters.redis.errors import transient_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import DeadLetter
-from eco_router.application.ports import DeadLetterSink
+from eco_router.application.messages import DeadLetter, DeadLetterTally, Replayed
+from eco_router.application.ports import DeadLetterArchive, DeadLetterSink
 from eco_router.domain.streams import StreamFamily
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
@@ -61,7 +60,7 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
                 await self._script(keys=[stream, *markers], args=args)
 
 
-class RedisDeadLetterArchive:
+class RedisDeadLetterArchive(DeadLetterArchive):
     """Reads dead letters back and replays them onto their original stream after a fix."""
 
     def __init__(self, redis: Redis) -> None:
@@ -94,6 +93,14 @@ class RedisDeadLetterArchive:
             replayed.append(Replayed(letter.dlq_id, letter.stream, _text(new_id)))
         return replayed
 
+    async def tally(self, family: StreamFamily) -> DeadLetterTally:
+        with transient_errors("XLEN dead letters"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xlen(family.dead_letter_stream)
+                pipe.xrevrange(family.dead_letter_stream, count=1)
+                length, newest = await pipe.execute()
+        return DeadLetterTally(int(length), _text(newest[0][0]) if newest else None)
+
     async def _select(
         self, family: StreamFamily, dlq_ids: Sequence[str] | None
     ) -> list[StoredDeadLetter]:
@@ -123,15 +130,6 @@ class RedisDeadLetterArchive:
         if missing:
             raise MissingDeadLetters(missing)
         return [letter for each in letters for letter in each]
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """One dead letter put back: its dead-letter id, the stream and the new entry id."""
-
-    dlq_id: str
-    stream: str
-    new_id: str
 
 
 def _letters(entries: Any) -> list[StoredDeadLetter]:

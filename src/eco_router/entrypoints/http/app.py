@@ -14,7 +14,7 @@ from eco_router.adapters.redaction import hide_access_log_tokens
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
-from eco_router.entrypoints.http import ops_routes, sse_routes
+from eco_router.entrypoints.http import console_routes, ops_routes, sse_routes
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
 
@@ -62,6 +62,9 @@ def create_app(
     container.wire(modules=[ops_routes, sse_routes])
     app.include_router(ops_routes.router)
     app.include_router(sse_routes.router)
+    if owns_lifecycle:
+        # `serve` only: the worker's port is for probes and metrics.
+        console_routes.install(app, container)
 
     @app.exception_handler(PortError)
     async def port_error(request: Request, error: PortError) -> JSONResponse:
@@ -78,6 +81,7 @@ async def end_streams(app: FastAPI) -> None:
     Streams do not end by themselves, so the server would otherwise wait out its graceful
     shutdown timeout and then cut them.
     """
+    console_routes.end_streams(app)
     container: Container = app.state.container
     if container.event_feed.initialized:
         feed = await resolve(container.event_feed())
