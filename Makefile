@@ -46,7 +46,8 @@ lint: venv
 	$(BIN)/lint-imports
 
 run: venv
-	$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
+	EVENT_ROUTER_GATEWAY_METRICS=$${EVENT_ROUTER_GATEWAY_METRICS:-true} \
+		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
 
 worker: venv
 	$(BIN)/eco-router worker

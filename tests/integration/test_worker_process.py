@@ -100,6 +100,18 @@ class TestOpsEndpoints:
         assert (await worker.get("/health")).status_code == 200
 
 
+class TestWorkerPort:
+    async def test_the_worker_port_serves_no_gateway_and_no_demo_page(
+        self, worker: WorkerProcess
+    ) -> None:
+        page = await worker.get("/")
+        events = await worker.get("/api/v1/scan/scan-1/events")
+        docs = await worker.get("/docs")
+
+        assert (page.status_code, events.status_code, docs.status_code) == (404, 404, 404)
+        assert (await worker.get("/metrics")).status_code == 200
+
+
 class TestShutdown:
     async def test_sigterm_exits_0_and_leaves_nothing_pending(
         self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis

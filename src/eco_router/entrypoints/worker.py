@@ -1,4 +1,4 @@
-"""The worker process: the router plus a small health and metrics server."""
+"""The worker process: the router plus a small server of probes and metrics (nothing else)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uvicorn
 
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
-from eco_router.entrypoints.http.app import create_app
+from eco_router.entrypoints.http.app import create_ops_app
 from eco_router.entrypoints.runner import RouterRunner
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class _OpsServer(uvicorn.Server):
 async def serve(container: Container, stop: asyncio.Event) -> None:
     """Run until `stop` is set, then drain and close; tests drive this directly."""
     settings = container.settings()
-    app = create_app(container, owns_lifecycle=False)
+    app = create_ops_app(container)
     config = uvicorn.Config(
         app,
         host=settings.http_host,
