@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     http_host: str = "0.0.0.0"
     http_port: int = Field(8001, ge=0, le=65_535)
     gateway_metrics: bool = False
+    # Slow enough that a person can drop the connection mid-job on the demo page.
+    demo_events_per_s: float = Field(1.5, gt=0, le=10_000)
     log_level: str = "INFO"
 
     @field_validator("streams", mode="before")
