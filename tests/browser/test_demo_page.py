@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -341,6 +341,27 @@ class TestNotices:
 
         until_finished(page, "done")
         assert len(connections(page)) == 2
+        expect(page.locator("#notice")).to_have_text("")
+
+    def test_a_stream_the_server_refused_is_tried_again_and_the_notice_clears(
+        self, page: Page
+    ) -> None:
+        refusals: list[str] = []
+
+        def refuse_once(route: Route) -> None:
+            if refusals:
+                route.continue_()
+                return
+            refusals.append(route.request.url)
+            route.fulfill(status=503, headers={"Retry-After": "1"}, body="")
+
+        page.route("**/api/v1/scan/*/events*", refuse_once)
+        page.get_by_role("button", name="Start a demo job").click()
+        expect(page.locator("#notice")).to_contain_text("refused")
+
+        until_finished(page, "done")
+        assert len(refusals) == 1
+        assert shown_seqs(page) == COMPLETE_JOB
         expect(page.locator("#notice")).to_have_text("")
 
 
