@@ -141,19 +141,13 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
     publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
     publish.add_argument("--progress", type=int, help="percent done, 0-100")
     publish.add_argument("--seq", type=int, help="override the deterministic seq")
-    publish.add_argument(
-        "--stages",
-        help=_STAGES_HELP,
-    )
+    publish.add_argument("--stages", help=_STAGES_HELP)
 
     demo = _command(commands, "demo", "simulate workers running whole pipelines")
     demo.add_argument("--domain", default="scan", help="the stream family's domain")
     demo.add_argument("--jobs", type=_positive_int, default=20, help="how many jobs to run")
     demo.add_argument("--rate", type=_positive_float, default=20.0, help="events per second")
-    demo.add_argument(
-        "--stages",
-        help=_STAGES_HELP,
-    )
+    demo.add_argument("--stages", help=_STAGES_HELP)
 
     state = _command(commands, "state", "show a job's state snapshot and history")
     state.add_argument("job", help="the job id")
