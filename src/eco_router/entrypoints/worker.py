@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class _OpsServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the worker's stop event governs shutdown."""
+    """uvicorn without its own signal handling or exit: the worker governs its shutdown."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
