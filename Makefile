@@ -45,9 +45,11 @@ lint: venv
 	$(BIN)/mypy src
 	$(BIN)/lint-imports
 
-# The operator console at /console is on here (it is off by default); EVENT_ROUTER_CONSOLE=false turns it off.
+# The operator console at /console and the gateway's /metrics are on here (both are off by
+# default); EVENT_ROUTER_CONSOLE=false or EVENT_ROUTER_GATEWAY_METRICS=false turns them off.
 run: venv
 	EVENT_ROUTER_CONSOLE=$${EVENT_ROUTER_CONSOLE:-true} \
+	EVENT_ROUTER_GATEWAY_METRICS=$${EVENT_ROUTER_GATEWAY_METRICS:-true} \
 		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
 
 worker: venv

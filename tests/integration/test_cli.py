@@ -12,6 +12,7 @@ import subprocess
 import pytest
 from redis.asyncio import Redis
 
+from eco_router import __version__
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.producer import AsyncStreamPublisher, producer_config
 from eco_router.testing import RedisServer
@@ -567,3 +568,57 @@ class TestStatus:
 
 async def _no_pending(redis: Redis) -> bool:
     return await pending_count(redis) == 0
+
+
+class TestServeStartup:
+    async def test_serve_with_an_unreachable_streams_server_is_one_line_and_exit_3(
+        self, env: dict[str, str]
+    ) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"redis://router:s3cret@127.0.0.1:{port}/0"
+
+        done = await eco_router({**env, "REDIS_STREAMS_URL": url}, "serve", "--port", "0")
+
+        assert done.returncode == 3, done.stderr
+        errors = [line for line in done.stderr.splitlines() if not line[:4].isdigit()]
+        assert errors == [
+            f"error: cannot reach the streams Redis at redis://router:***@127.0.0.1:{port}/0: "
+            "connection refused"
+        ]
+        assert "s3cret" not in done.stderr + done.stdout
+
+
+class TestHelpAndVersion:
+    async def test_version_prints_the_package_version(self, env: dict[str, str]) -> None:
+        done = await eco_router(env, "--version")
+
+        assert done.returncode == 0
+        assert done.stdout.strip() == f"eco-router {__version__}"
+
+    async def test_help_shows_the_defaults_and_the_exit_statuses(self, env: dict[str, str]) -> None:
+        top = await eco_router(env, "--help")
+        serve = await eco_router(env, "serve", "--help")
+        demo = await eco_router(env, "demo", "--help")
+
+        assert "3 a Redis server or the port unavailable at startup" in " ".join(top.stdout.split())
+        assert "(default: 127.0.0.1)" in serve.stdout
+        assert "(default: 8000)" in serve.stdout
+        assert "(default: 20)" in demo.stdout
+        assert "(default: scan)" in demo.stdout
+
+
+class TestDemoJobIds:
+    async def test_demo_prints_each_job_id_it_starts(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+
+        done = await eco_router(env, "demo", "--jobs", "3", "--rate", "300")
+
+        assert done.returncode == 0, done.stderr
+        printed = re.findall(r"^started scan job (\S+)$", done.stdout, flags=re.MULTILINE)
+        published = {fields[b"job_id"].decode() for _, fields in await all_entries(streams_redis)}
+        assert sorted(printed) == sorted(published)
+        assert len(printed) == 3

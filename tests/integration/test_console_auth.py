@@ -17,7 +17,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from eco_router.entrypoints.container import build_container
-from eco_router.entrypoints.http.app import create_app
+from eco_router.entrypoints.http.app import create_app, create_ops_app
 from eco_router.entrypoints.settings import load_settings
 
 SECRET = "console-secret-" + "s" * 49
@@ -96,8 +96,8 @@ class TestOffByDefault:
         container = build_container(
             load_settings(consumer_name="console-test", console=True), in_memory=True
         )
-        # What `eco-router worker` serves next to its router: no lifespan of its own.
-        app = create_app(container, owns_lifecycle=False)
+        # What `eco-router worker` serves next to its router.
+        app = create_ops_app(container)
         try:
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://worker.test"

@@ -45,7 +45,6 @@ from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.entrypoints.factories import (
-    DEMO_EVENTS_PER_SECOND,
     demo_producer_config,
     make_admin_authorizer,
     make_authorizer,
@@ -236,7 +235,7 @@ class Container(containers.DeclarativeContainer):
             RunDemoJobs,
             publisher=demo_publisher,
             stages=producer_config.provided.plan.stages,
-            rate=DEMO_EVENTS_PER_SECOND,
+            rate=settings.provided.demo_events_per_s,
         ),
     )
 

@@ -20,9 +20,6 @@ from eco_router.application.ports import (
 )
 from eco_router.entrypoints.settings import Settings
 
-# A pace a person can follow in the browser: about two seconds per job.
-DEMO_EVENTS_PER_SECOND = 5.0
-
 
 def demo_producer_config(settings: Settings) -> ProducerConfig:
     """Demo jobs go to the first configured family."""

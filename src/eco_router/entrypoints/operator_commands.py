@@ -118,7 +118,12 @@ async def demo(
         run = RunDemoJobs(
             publisher=AsyncStreamPublisher(client, config), stages=config.plan.stages, rate=rate
         )
-        tally = await run(jobs, stop, on_event=lambda t: live.show(_describe(t, jobs)))
+        tally = await run(
+            jobs,
+            stop,
+            on_event=lambda t: live.show(_describe(t, jobs)),
+            on_job_started=lambda job: live.note(f"started {domain} job {job}"),
+        )
     live.finish(_describe(tally, jobs) + (" (stopped)" if stop.is_set() else ""))
     return 0
 
@@ -355,6 +360,10 @@ class _LiveLine:
             print(f"\r{printable(text)}\033[K", end="", file=self._out, flush=True)
         elif self._count % 100 == 0:
             say(text, self._out, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line of its own, above the status line."""
+        print(f"\r{text}\033[K" if self._tty else text, file=self._out, flush=True)
 
     def finish(self, text: str) -> None:
         text = printable(text)

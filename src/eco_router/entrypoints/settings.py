@@ -98,8 +98,13 @@ class Settings(BaseSettings):
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
     sse_queue_size: int = Field(256, ge=2, le=100_000)
+    # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
+    # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"
     http_port: int = Field(8001, ge=0, le=65_535)
+    gateway_metrics: bool = False
+    # Slow enough that a person can drop the connection mid-job on the demo page.
+    demo_events_per_s: float = Field(1.5, gt=0, le=10_000)
     log_level: str = "INFO"
 
     @field_validator("streams", mode="before")
