@@ -45,8 +45,12 @@ lint: venv
 	$(BIN)/mypy src
 	$(BIN)/lint-imports
 
+# The operator console at /console and the gateway's /metrics are on here (both are off by
+# default); EVENT_ROUTER_CONSOLE=false or EVENT_ROUTER_GATEWAY_METRICS=false turns them off.
 run: venv
-	$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
+	EVENT_ROUTER_CONSOLE=$${EVENT_ROUTER_CONSOLE:-true} \
+	EVENT_ROUTER_GATEWAY_METRICS=$${EVENT_ROUTER_GATEWAY_METRICS:-true} \
+		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
 
 worker: venv
 	$(BIN)/eco-router worker

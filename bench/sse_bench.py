@@ -103,6 +103,7 @@ class Gateway(RouterProcess):
             EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
             EVENT_ROUTER_CONSUMER_NAME="bench-gateway",
             EVENT_ROUTER_LOG_LEVEL="WARNING",
+            EVENT_ROUTER_GATEWAY_METRICS="true",
         )
         command = eco_router_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
 

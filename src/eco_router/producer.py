@@ -21,6 +21,11 @@ from eco_router.adapters.progress_entries import (
     ProducerConfig,
 )
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
+from eco_router.domain.event_size import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    EventSizeLimits,
+)
 from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
 from eco_router.domain.streams import StreamFamily, shard_for
 
@@ -45,8 +50,11 @@ def producer_config(
     stages: tuple[str, ...] = DEFAULT_STAGES,
     idempotency_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_S,
     maxlen: int = DEFAULT_MAXLEN,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> ProducerConfig:
-    """Settings for the `{domain}:events:{shard}` streams the router reads."""
+    """Settings for the `{domain}:events:{shard}` streams the router reads; the size limits
+    must match the routers' `EVENT_ROUTER_MAX_EVENT_BYTES` and `..._MAX_RESULT_BYTES`."""
     if shards < 1:
         raise ValueError("shards must be at least 1")
     return ProducerConfig(
@@ -54,6 +62,7 @@ def producer_config(
         plan=StagePlan(tuple(stages)),
         idempotency_ttl_s=idempotency_ttl_s,
         maxlen=maxlen,
+        size_limits=EventSizeLimits(max_event_bytes, max_result_bytes),
     )
 
 

@@ -6,6 +6,7 @@ downloaded browser) is driven headless through Playwright.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -29,7 +30,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# The demo publishes 5 events/s: a whole job takes about 2 s, a dropped connection 1 s more.
+# These tests run demo jobs at 5 events/s (a job takes about 2 s, a dropped connection 1 s
+# more); one test checks the documented default pace, at which a job takes about 7 s.
+TEST_EVENTS_PER_S = "5"
 JOB_TIMEOUT_MS = 20_000
 SERVER_READY_TIMEOUT_S = 20.0
 
@@ -53,7 +56,7 @@ window.EventSource = class extends NativeEventSource {
   addEventListener(type, listener, options) {
     const recording = (message) => {
       if (message.data !== undefined && message.data !== null) {
-        window.__frames.push({ type: message.type, id: message.lastEventId });
+        window.__frames.push({ type: message.type, id: message.lastEventId, data: message.data });
       }
       return listener.call(this, message);
     };
@@ -107,10 +110,21 @@ def _wait_for_health(process: subprocess.Popen[bytes], base_url: str, log: Path)
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`eco-router serve --in-memory --demo` on a free loopback port; yields its base URL."""
+    """`eco-router serve --in-memory --demo` at the tests' pace; yields its base URL."""
+    yield from _demo_server(tmp_path_factory, EVENT_ROUTER_DEMO_EVENTS_PER_S=TEST_EVENTS_PER_S)
+
+
+@pytest.fixture(scope="module")
+def default_pace_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same with the documented defaults."""
+    yield from _demo_server(tmp_path_factory)
+
+
+def _demo_server(tmp_path_factory: pytest.TempPathFactory, **settings: str) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
+    env |= settings
     command = [
         *_serve_command(),
         "serve",
@@ -162,7 +176,16 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser, demo_server: str) -> Iterator[Page]:
     """The demo page, freshly loaded in its own browser context."""
-    context = browser.new_context(base_url=demo_server)
+    yield from _open_page(browser, demo_server)
+
+
+@pytest.fixture
+def default_pace_page(browser: Browser, default_pace_server: str) -> Iterator[Page]:
+    yield from _open_page(browser, default_pace_server)
+
+
+def _open_page(browser: Browser, base_url: str) -> Iterator[Page]:
+    context = browser.new_context(base_url=base_url)
     context.set_default_timeout(JOB_TIMEOUT_MS)
     context.add_init_script(RECORD_EVENT_SOURCES)
     opened = context.new_page()
@@ -275,3 +298,110 @@ class TestAJobThatFails:
         expect(failed.locator(".status")).to_have_text("failed")
         expect(failed.locator(".status")).to_have_class("status status-failed")
         expect(page.locator("#result")).to_contain_text("answer timed out")
+
+
+def bar_colour(page: Page) -> str:
+    colour: str = page.locator("#progress > div").evaluate(
+        "bar => getComputedStyle(bar).backgroundColor"
+    )
+    return colour
+
+
+class TestNotices:
+    def test_a_job_with_no_event_yet_shows_no_missed_events_notice(self, page: Page) -> None:
+        # The page is told of a job whose first event has not been routed, as happens when it
+        # connects quicker than the job starts: the gateway sends a snapshot with no state.
+        page.route(
+            "**/api/v1/demo/jobs",
+            lambda route: route.fulfill(
+                status=201,
+                json={
+                    "job_id": "not-started-yet",
+                    "domain": "scan",
+                    "events": "/api/v1/scan/not-started-yet/events",
+                },
+            ),
+        )
+        page.get_by_role("button", name="Start a demo job").click()
+
+        page.wait_for_function("window.__frames.some(frame => frame.type === 'snapshot')")
+        expect(page.locator("#state")).to_have_text("live")
+        expect(page.locator("#notice")).to_have_text("")
+
+    def test_a_whole_new_job_ends_with_no_notice(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+
+        until_finished(page, "done")
+        expect(page.locator("#notice")).to_have_text("")
+
+    def test_the_reconnect_notice_clears_once_the_stream_has_resumed(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+        drop_after_second_event(page)
+        expect(page.locator("#notice")).to_contain_text("reconnecting")
+
+        until_finished(page, "done")
+        assert len(connections(page)) == 2
+        expect(page.locator("#notice")).to_have_text("")
+
+    def test_a_stream_the_server_refused_is_tried_again_and_the_notice_clears(
+        self, page: Page
+    ) -> None:
+        refusals: list[str] = []
+
+        def refuse_once(route: Route) -> None:
+            if refusals:
+                route.continue_()
+                return
+            refusals.append(route.request.url)
+            route.fulfill(status=503, headers={"Retry-After": "1"}, body="")
+
+        page.route("**/api/v1/scan/*/events*", refuse_once)
+        page.get_by_role("button", name="Start a demo job").click()
+        expect(page.locator("#notice")).to_contain_text("refused")
+
+        until_finished(page, "done")
+        assert len(refusals) == 1
+        assert shown_seqs(page) == COMPLETE_JOB
+        expect(page.locator("#notice")).to_have_text("")
+
+
+class TestHowAJobEndLooks:
+    def test_a_failed_job_has_a_red_bar_and_state(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a job that fails").click()
+
+        until_finished(page, "failed")
+        assert bar_colour(page) == "rgb(185, 28, 28)"
+        expect(page.locator("#state")).to_have_class("state-failed")
+
+    def test_a_job_that_is_done_has_a_green_bar(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a demo job").click()
+
+        until_finished(page, "done")
+        assert bar_colour(page) == "rgb(21, 128, 61)"
+
+
+class TestPace:
+    def test_a_demo_job_lasts_long_enough_to_drop_the_connection(
+        self, default_pace_page: Page
+    ) -> None:
+        default_pace_page.get_by_role("button", name="Start a demo job").click()
+
+        until_finished(default_pace_page, "done")
+        stamps = [
+            float(json.loads(frame["data"])["ts"])
+            for frame in received_frames(default_pace_page)
+            if frame["type"] != "snapshot"
+        ]
+        # The demo's pacer waits between events, so this is a lower bound, not a race.
+        assert stamps[-1] - stamps[0] >= 5.0, stamps
+
+
+class TestFavicon:
+    def test_the_page_names_an_icon_that_loads(self, page: Page) -> None:
+        href = page.locator("link[rel=icon]").get_attribute("href")
+        assert href is not None
+
+        response = page.request.get(href)
+
+        assert response.status == 200
+        assert response.headers["content-type"] == "image/svg+xml"

@@ -17,13 +17,21 @@ SCAN_0, CHAT_0 = "scan:events:0", "chat:events:0"
 FENCE = {SCAN_0: 1, CHAT_0: 1}
 
 
+def raw_sized(seq: int, size: int) -> EncodedEvent:
+    """Event `seq` of job-1 with a payload of exactly `size` bytes (what the store keeps)."""
+    event = encoded(seq=seq, stream_id=entry_id(seq)).event
+    return EncodedEvent(event, f"{seq}:".encode().ljust(size, b"x"))
+
+
 class StateStoreContract:
     """Every `StateStore` adapter, created empty with a history of `HISTORY_SIZE` payloads.
 
     Subclasses wire a backend and implement `make_store`.
     """
 
-    async def make_store(self, *, history_size: int = HISTORY_SIZE) -> StateStore:
+    async def make_store(
+        self, *, history_size: int = HISTORY_SIZE, history_max_bytes: int = 1 << 20
+    ) -> StateStore:
         """An empty store with long TTLs (nothing expires during a test)."""
         raise NotImplementedError
 
@@ -143,6 +151,38 @@ class StateStoreContract:
         view = await store.view("scan", "job-1")
         assert view.history == [e.payload for e in events[-HISTORY_SIZE:]]
         assert view.state == events[-1].payload
+
+    async def test_history_keeps_only_the_newest_payloads_within_its_byte_cap(self) -> None:
+        store = await self.make_store(history_size=100, history_max_bytes=10_000)
+        events = [raw_sized(n, 3000) for n in range(1, 6)]
+        await self.apply(store, events[:2])
+        assert (await store.view("scan", "job-1")).history == [e.payload for e in events[:2]]
+
+        await self.apply(store, events[2:])
+
+        # 3 x 3000 bytes fit in 10,000; a fourth would not.
+        view = await store.view("scan", "job-1")
+        assert view.history == [e.payload for e in events[2:]]
+        assert view.state == events[-1].payload
+
+    async def test_the_byte_cap_counts_what_was_trimmed_by_count_too(self) -> None:
+        store = await self.make_store(history_size=2, history_max_bytes=5000)
+        await self.apply(store, [raw_sized(1, 2000), raw_sized(2, 2000), raw_sized(3, 2000)])
+        small = [raw_sized(4, 500), raw_sized(5, 500)]
+
+        await self.apply(store, small)
+
+        # Had the count trim not been counted, 6000 bytes would seem held and 5 alone kept.
+        assert (await store.view("scan", "job-1")).history == [e.payload for e in small]
+
+    async def test_the_newest_event_stays_in_the_history_even_above_the_byte_cap(self) -> None:
+        store = await self.make_store(history_size=100, history_max_bytes=1000)
+        await self.apply(store, [raw_sized(1, 400)])
+        huge = raw_sized(2, 3000)
+
+        await self.apply(store, [huge])
+
+        assert await store.view("scan", "job-1") == JobView(huge.payload, [huge.payload])
 
     async def test_the_view_of_an_unknown_job_is_empty(self) -> None:
         store = await self.make_store()

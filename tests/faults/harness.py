@@ -30,11 +30,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from eco_router.adapters.dead_letter_format import read_dead_letter
+from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.adapters.progress_entries import PreparedEntry
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.publisher import script_arguments
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.domain.event import JobEvent
+from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS
 from eco_router.domain.parsing import parse_entry
 from eco_router.domain.rejection import RejectReason
 from eco_router.producer import producer_config
@@ -199,9 +201,20 @@ def check_order(
 def entry_from_fields(stream: str, entry_id: str, fields: Mapping[bytes, bytes]) -> Entry:
     """An entry read back from a stream, judged valid or not by the router's own parser."""
     parsed = parse_entry(domain=SCAN.domain, stream=stream, entry_id=entry_id, fields=fields)
-    if isinstance(parsed, JobEvent):
+    if isinstance(parsed, JobEvent) and _fits(parsed):
         return Entry(stream, entry_id, parsed.job_id, parsed.seq)
     return Entry(stream, entry_id, None, None)
+
+
+def _fits(event: JobEvent) -> bool:
+    """Within the default size limits, as the router measures them."""
+    size = len(OrjsonEventEncoder().encode(event))
+    return (
+        DEFAULT_SIZE_LIMITS.check(
+            size, stage=event.stage, status=event.status, has_result=event.has_result
+        )
+        is None
+    )
 
 
 # --- the routers' environment ----------------------------------------------------------------
@@ -305,6 +318,9 @@ def bad_entry(reason: RejectReason, job_id: str, token: str) -> dict[str, bytes]
         RejectReason.NOT_UTF8: {"job_id": job, "seq": b"5", "stage": b"\xff\xfe"},
         RejectReason.RESULT_NOT_JSON: {"job_id": job, "seq": b"5", "result": b"{not json"},
         RejectReason.FIELD_TOO_LARGE: {"job_id": job, "seq": b"5", "result": b"1" * 70_000},
+        RejectReason.RESULT_NOT_FINITE: {"job_id": job, "seq": b"5", "result": b"[NaN]"},
+        # Escaped six bytes for one: above the default stage-event limit once routed.
+        RejectReason.TOO_LARGE: {"job_id": job, "seq": b"5", "note": b"\x01" * 2000},
     }
     return {"token": token.encode(), **wrong[reason]}
 
@@ -851,6 +867,25 @@ class FaultRig:
         """
         started = time.monotonic() if at is None else at
         self.figures.recovery_from = origin
+        recovered = self._recovered_condition(also)
+
+        async def clock() -> None:
+            if await until(recovered, timeout_s=600):
+                self.figures.recovery_s = round(time.monotonic() - started, 3)
+                self._recovered = True
+
+        self._recovery = asyncio.create_task(clock(), name="recovery-clock")
+
+    async def time_to_recover(self, started: float, *, timeout_s: float = 120.0) -> float:
+        """Seconds from `started` (a `time.monotonic()`) until recovered, as `recover_from`
+        defines it; for a scenario that times several faults one after the other."""
+        recovered = self._recovered_condition(None)
+        self.require(await until(recovered, timeout_s=timeout_s), "no recovery from a fault")
+        return round(time.monotonic() - started, 3)
+
+    def _recovered_condition(
+        self, also: Callable[[], Awaitable[bool]] | None
+    ) -> Callable[[], Awaitable[bool]]:
         owed = self._owed_now()
         malformed = set(self.load.malformed)
 
@@ -861,12 +896,7 @@ class FaultRig:
                 return False
             return also is None or await also()
 
-        async def clock() -> None:
-            if await until(holds, timeout_s=600):
-                self.figures.recovery_s = round(time.monotonic() - started, 3)
-                self._recovered = True
-
-        self._recovery = asyncio.create_task(clock(), name="recovery-clock")
+        return holds
 
     # -- the end --
 

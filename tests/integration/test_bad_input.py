@@ -34,7 +34,11 @@ BAD_ENTRIES: dict[str, dict[bytes, bytes]] = {
     "result_not_json": entry(seq=b"4", result=b"not json"),
     "field_too_large": entry(seq=b"5", stage=b"x" * ONE_MEGABYTE),
     "not_utf8": entry(seq=b"6", stage=b"\xff\xfe scan\xc3"),
+    "result_not_finite": entry(seq=b"7", result=b'{"score": NaN}'),
+    # 2,000 control characters are 12,000 bytes once escaped in the routed JSON.
+    "too_large": entry(seq=b"8", note=b"\x01" * 2000),
 }
+LAST_SEQ = 10 * (len(BAD_ENTRIES) + 1)
 
 
 class TestBadEntries:
@@ -46,26 +50,29 @@ class TestBadEntries:
         for seq, (reason, fields) in enumerate(BAD_ENTRIES.items(), start=1):
             good_ids.append(await add_raw(streams_redis, STREAM, entry(seq=str(seq * 10).encode())))
             bad_ids[reason] = await add_raw(streams_redis, STREAM, fields)
-        good_ids.append(await add_raw(streams_redis, STREAM, entry(seq=b"70", stage=b"done")))
+        last = entry(seq=str(LAST_SEQ).encode(), stage=b"done")
+        good_ids.append(await add_raw(streams_redis, STREAM, last))
 
         letters = await eventually(
-            lambda: _letters_when(streams_redis, len(BAD_ENTRIES)), what="six dead letters"
+            lambda: _letters_when(streams_redis, len(BAD_ENTRIES)), what="every dead letter"
         )
-        await eventually(lambda: len(subscriber.for_job(JOB)) == 7, what="seven routed events")
+        await eventually(
+            lambda: len(subscriber.for_job(JOB)) == len(good_ids), what="every routed event"
+        )
 
         assert {f[b"id"].decode(): f[b"reason"].decode() for f in letters} == {
             entry_id: reason for reason, entry_id in bad_ids.items()
         }
         assert {f[b"stream"] for f in letters} == {STREAM.encode()}
         assert [p["stream_id"] for p in subscriber.for_job(JOB)] == good_ids
-        assert subscriber.seqs(JOB) == [10, 20, 30, 40, 50, 60, 70]
+        assert subscriber.seqs(JOB) == list(range(10, LAST_SEQ + 1, 10))
         state = await job_state(streams_redis, JOB)
         assert state is not None
-        assert (state["seq"], state["stage"]) == (70, "done")
+        assert (state["seq"], state["stage"]) == (LAST_SEQ, "done")
         assert await eventually(lambda: _nothing_pending(streams_redis), what="all acked")
-        assert (
-            await worker.metric_reaching("event_router_dead_letters_total", 6, domain="scan") == 6
-        )
+        assert await worker.metric_reaching(
+            "event_router_dead_letters_total", len(BAD_ENTRIES), domain="scan"
+        ) == len(BAD_ENTRIES)
 
     async def test_a_dead_letter_keeps_the_original_fields_byte_for_byte(
         self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis

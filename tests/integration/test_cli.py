@@ -12,6 +12,7 @@ import subprocess
 import pytest
 from redis.asyncio import Redis
 
+from eco_router import __version__
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.producer import AsyncStreamPublisher, producer_config
 from eco_router.testing import RedisServer
@@ -191,6 +192,29 @@ class TestState:
         assert shown["state"] == await job_state(streams_redis, "job-7")
 
     @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+    async def test_control_characters_in_a_stored_event_reach_the_terminal_escaped(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis, as_json: bool
+    ) -> None:
+        # ESC, a C1 CSI (an escape on its own in some terminals) and a right-to-left override.
+        stage = "vis\x1b[31mion\x9b2J\u202eevil"
+        await workers.start()
+        await add_raw(
+            streams_redis,
+            SCAN.stream_for("job-esc"),
+            {b"job_id": b"job-esc", b"seq": b"3", b"stage": stage.encode()},
+        )
+        await eventually(lambda: _seq_reached(streams_redis, "job-esc", 3), what="job-esc routed")
+
+        done = await eco_router(env, "state", *(["--json"] if as_json else []), "job-esc")
+
+        assert done.returncode == 0, done.stderr
+        assert not {"\x1b", "\x9b", "\u202e"} & set(done.stdout)
+        if as_json:
+            assert json.loads(done.stdout)["state"]["stage"] == stage
+        else:
+            assert "vis\\u001b[31mion\\u009b2J\\u202eevil" in done.stdout
+
+    @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
     async def test_an_unknown_job_exits_1(self, env: dict[str, str], as_json: bool) -> None:
         done = await eco_router(env, "state", *(["--json"] if as_json else []), "nobody")
 
@@ -268,7 +292,8 @@ class TestDemo:
 BAD_ENTRIES = {
     "missing_seq": (
         SCAN.stream_for("job-noseq"),
-        {b"job_id": b"job-noseq", b"stage": b"vision", b"status": b"started"},
+        # An escape sequence that clears the screen, then one that turns it red.
+        {b"job_id": b"job-noseq", b"stage": b"vision", b"note": b"\x1b[2J\x1b[31mred"},
     ),
     "not_utf8": (
         SCAN.stream_for("job-bin"),
@@ -335,6 +360,16 @@ class TestDeadLetters:
             assert "deliveries=1" in line
         assert "job_id=job-noseq" in done.stdout
 
+    async def test_dlq_list_shows_control_characters_escaped_not_raw(
+        self, env: dict[str, str], dead_lettered: DeadLettered
+    ) -> None:
+        done = await eco_router(env, "dlq", "list")
+
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout
+        assert "note=\\u001b[2J\\u001b[31mred" in done.stdout
+        assert "\x00" not in done.stdout
+
     async def test_dlq_list_says_when_the_dead_letter_stream_is_empty(
         self, env: dict[str, str]
     ) -> None:
@@ -394,6 +429,31 @@ class TestDeadLetters:
 
         assert done.returncode == 2
         assert "no dead letter 1-1 in scan:events:dlq" in done.stderr
+        assert await all_entries(streams_redis) == before
+        assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
+
+    async def test_replay_names_every_id_it_cannot_find_and_replays_nothing(
+        self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
+    ) -> None:
+        listing = (await eco_router(env, "dlq", "list")).stdout
+        known = dead_lettered.dlq_id_of(listing, "not_utf8")
+        bare_ms = known.partition("-")[0]
+        before = await all_entries(streams_redis)
+
+        done = await eco_router(env, "dlq", "replay", known, "1-1", "abc", bare_ms, "2-2")
+
+        assert done.returncode == 2
+        errors = done.stderr.splitlines()
+        assert errors == [
+            "eco-router dlq replay: 'abc' is not a dead-letter id "
+            "(MILLISECONDS-SEQUENCE, as `dlq list` shows)",
+            f"eco-router dlq replay: {bare_ms!r} is not a dead-letter id "
+            "(MILLISECONDS-SEQUENCE, as `dlq list` shows)",
+            "eco-router dlq replay: no dead letter 1-1 in scan:events:dlq",
+            "eco-router dlq replay: no dead letter 2-2 in scan:events:dlq",
+            "eco-router dlq replay: nothing replayed",
+        ]
+        assert done.stdout == ""
         assert await all_entries(streams_redis) == before
         assert await streams_redis.xlen(SCAN.dead_letter_stream) == len(BAD_ENTRIES)
 
@@ -508,3 +568,57 @@ class TestStatus:
 
 async def _no_pending(redis: Redis) -> bool:
     return await pending_count(redis) == 0
+
+
+class TestServeStartup:
+    async def test_serve_with_an_unreachable_streams_server_is_one_line_and_exit_3(
+        self, env: dict[str, str]
+    ) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"redis://router:s3cret@127.0.0.1:{port}/0"
+
+        done = await eco_router({**env, "REDIS_STREAMS_URL": url}, "serve", "--port", "0")
+
+        assert done.returncode == 3, done.stderr
+        errors = [line for line in done.stderr.splitlines() if not line[:4].isdigit()]
+        assert errors == [
+            f"error: cannot reach the streams Redis at redis://router:***@127.0.0.1:{port}/0: "
+            "connection refused"
+        ]
+        assert "s3cret" not in done.stderr + done.stdout
+
+
+class TestHelpAndVersion:
+    async def test_version_prints_the_package_version(self, env: dict[str, str]) -> None:
+        done = await eco_router(env, "--version")
+
+        assert done.returncode == 0
+        assert done.stdout.strip() == f"eco-router {__version__}"
+
+    async def test_help_shows_the_defaults_and_the_exit_statuses(self, env: dict[str, str]) -> None:
+        top = await eco_router(env, "--help")
+        serve = await eco_router(env, "serve", "--help")
+        demo = await eco_router(env, "demo", "--help")
+
+        assert "3 a Redis server or the port unavailable at startup" in " ".join(top.stdout.split())
+        assert "(default: 127.0.0.1)" in serve.stdout
+        assert "(default: 8000)" in serve.stdout
+        assert "(default: 20)" in demo.stdout
+        assert "(default: scan)" in demo.stdout
+
+
+class TestDemoJobIds:
+    async def test_demo_prints_each_job_id_it_starts(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+
+        done = await eco_router(env, "demo", "--jobs", "3", "--rate", "300")
+
+        assert done.returncode == 0, done.stderr
+        printed = re.findall(r"^started scan job (\S+)$", done.stdout, flags=re.MULTILINE)
+        published = {fields[b"job_id"].decode() for _, fields in await all_entries(streams_redis)}
+        assert sorted(printed) == sorted(published)
+        assert len(printed) == 3

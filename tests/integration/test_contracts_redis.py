@@ -74,13 +74,16 @@ class TestRedisLuaStateStore(StateStoreContract):
     def _backend(self, streams_redis: Redis) -> None:
         self.redis = streams_redis
 
-    async def make_store(self, *, history_size: int = 3) -> StateStore:
+    async def make_store(
+        self, *, history_size: int = 3, history_max_bytes: int = 1 << 20
+    ) -> StateStore:
         return RedisLuaStateStore(
             self.redis,
             group=GROUP,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,
+            history_max_bytes=history_max_bytes,
         )
 
     async def set_epoch(self, stream: str, token: int) -> None:

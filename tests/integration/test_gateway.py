@@ -210,8 +210,12 @@ def gateways(tmp_path: Path) -> Iterator[Gateways]:
 def own_gateway(
     gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
 ) -> Gateway:
-    """This test's own gateway on the test's servers, demo jobs off."""
-    return gateways.start(streams_url=streams_server.url, pubsub_url=pubsub_server.url)
+    """This test's own gateway on the test's servers, demo jobs off, /metrics on."""
+    return gateways.start(
+        streams_url=streams_server.url,
+        pubsub_url=pubsub_server.url,
+        EVENT_ROUTER_GATEWAY_METRICS="true",
+    )
 
 
 Producers = Callable[[Gateway], AsyncStreamPublisher]

@@ -43,6 +43,7 @@ def settings_for(streams_url: str, pubsub_url: str) -> Settings:
         streams=FAMILIES_SPEC,
         consumer_name="http-app",
         read_block_ms=200,
+        gateway_metrics=True,
     )
 
 

@@ -17,6 +17,7 @@ from tests.contracts.factories import encoded, entry_id, wait_until
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
 HISTORY_SIZE = 3
+HISTORY_MAX_BYTES = 1 << 20
 JOB = JobKeys.of("scan", "job-1")
 MAX_SEQ = 2**53 - 1
 
@@ -67,7 +68,7 @@ class TestBranches:
         keys += [other.state, other.history, other.markers]
         # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
         # job 2 on shard 2.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, 2, 1, 1, 1, 2]
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, 2, 1, 1, 1, 2]
         events = [(1, 5, entry_id(1), b"fenced"), (2, 1, entry_id(2), b"applied")]
 
         codes, fenced = await script(keys=keys, args=head + [v for event in events for v in event])
@@ -82,8 +83,8 @@ class TestBranches:
         script = streams_redis.register_script(load_lua("apply_batch.lua"))
         await streams_redis.set(EPOCH, 1)
         keys = [EPOCH, JOB.state, JOB.history, JOB.markers]
-        # TTLs, history size, one shard with token 1, the job on shard 1.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, 1, 1, 1]
+        # TTLs, history size and bytes, one shard with token 1, the job on shard 1.
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, 1, 1, 1]
         events = [
             (1, 5, entry_id(1), b"applied"),
             (1, 5, entry_id(1), b"same entry again"),
@@ -109,6 +110,7 @@ class TestBranches:
         assert await streams_redis.hgetall(JOB.markers) == {
             b"7": entry_id(7).encode(),
             b"last": b"7",
+            b"history_bytes": str(len(event.payload)).encode(),
         }
 
     async def test_code_1_republishes_without_writing(
@@ -250,7 +252,7 @@ class TestKeys:
 
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
-        assert await streams_redis.hlen(JOB.markers) == 2501
+        assert await streams_redis.hlen(JOB.markers) == 2502  # seqs, last, history_bytes
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
         assert await streams_redis.lrange(JOB.history, 0, -1) == [
             e.payload for e in batch[-HISTORY_SIZE:]
@@ -278,11 +280,68 @@ class TestMarkersExpiry:
 
         assert await apply(store, [older]) == [NEW_APPLY]
         assert await streams_redis.get(JOB.state) == older.payload
+        history = await streams_redis.lrange(JOB.history, 0, -1)
         assert await streams_redis.hgetall(JOB.markers) == {
             b"3": entry_id(3).encode(),
             b"last": b"3",
+            b"history_bytes": str(sum(len(p) for p in history)).encode(),
         }
         assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+
+
+def sized(seq: int, size: int) -> EncodedEvent:
+    return raw(f"{seq}:".encode().ljust(size, b"x"), seq=seq, stream_id=entry_id(seq))
+
+
+class TestHistoryBytes:
+    """The byte count kept beside the markers, which outlive the history."""
+
+    @pytest.fixture
+    async def small(self, streams_redis: Redis) -> RedisLuaStateStore:
+        await streams_redis.set(EPOCH, 1)
+        return RedisLuaStateStore(
+            streams_redis,
+            group=GROUP,
+            state_ttl_s=STATE_TTL_S,
+            markers_ttl_s=MARKERS_TTL_S,
+            history_size=100,
+            history_max_bytes=10_000,
+        )
+
+    async def test_a_history_that_expired_is_counted_from_zero_again(
+        self, small: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(small, [sized(1, 3000), sized(2, 3000)])
+        await streams_redis.delete(JOB.history)  # expired: the state TTL is shorter
+        fresh = [sized(3, 4000), sized(4, 4000)]
+
+        await apply(small, fresh)
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in fresh]
+        assert await streams_redis.hget(JOB.markers, "history_bytes") == b"8000"
+
+    async def test_a_history_written_before_bytes_were_counted_is_counted_once(
+        self, small: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        older = [sized(n, 4000).payload for n in (1, 2, 3)]
+        await streams_redis.rpush(JOB.history, *older)
+        await streams_redis.hset(JOB.markers, "last", "3")
+        newest = sized(4, 1000)
+
+        await apply(small, [newest])
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [*older[1:], newest.payload]
+        assert await streams_redis.hget(JOB.markers, "history_bytes") == b"9000"
+
+    async def test_a_large_history_is_trimmed_in_the_one_script_call_of_the_batch(
+        self, small: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        batch = [sized(n, 1000) for n in range(1, 41)]
+
+        assert await apply(small, batch) == [NEW_APPLY] * 40
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in batch[-10:]]
+        assert await streams_redis.hget(JOB.markers, "history_bytes") == b"10000"
 
 
 async def _snapshot(redis: Redis) -> tuple[object, ...]:

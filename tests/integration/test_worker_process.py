@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 
 import orjson
@@ -100,6 +101,18 @@ class TestOpsEndpoints:
         assert (await worker.get("/health")).status_code == 200
 
 
+class TestWorkerPort:
+    async def test_the_worker_port_serves_no_gateway_and_no_demo_page(
+        self, worker: WorkerProcess
+    ) -> None:
+        page = await worker.get("/")
+        events = await worker.get("/api/v1/scan/scan-1/events")
+        docs = await worker.get("/docs")
+
+        assert (page.status_code, events.status_code, docs.status_code) == (404, 404, 404)
+        assert (await worker.get("/metrics")).status_code == 200
+
+
 class TestShutdown:
     async def test_sigterm_exits_0_and_leaves_nothing_pending(
         self, worker: WorkerProcess, subscriber: PubSubCollector, streams_redis: Redis
@@ -192,6 +205,88 @@ async def _delivered_ids(redis: Redis) -> set[str]:
             continue
         delivered |= {i.decode() for i, _ in await redis.xrange(stream, "-", last)}
     return delivered
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _run_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*WorkerProcess.command(), "worker"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _error_lines(output: str) -> list[str]:
+    """Lines that are not log records (those start with a date)."""
+    return [line for line in output.splitlines() if not line[:4].isdigit()]
+
+
+class TestStartupErrors:
+    def test_an_unreachable_streams_server_is_one_line_and_exit_3(
+        self, pubsub_server: RedisServer
+    ) -> None:
+        url = f"redis://router:s3cret@127.0.0.1:{_unused_port()}/0"
+
+        done = _run_worker(worker_env(url, pubsub_server.url))
+
+        assert done.returncode == 3, done.stderr
+        shown = url.replace("s3cret", "***")
+        assert _error_lines(done.stderr) == [
+            f"error: cannot reach the streams Redis at {shown}: connection refused"
+        ]
+        assert "Traceback" not in done.stderr
+        assert "s3cret" not in done.stderr + done.stdout
+
+    def test_an_unreachable_pubsub_server_is_one_line_and_exit_3(
+        self, streams_server: RedisServer
+    ) -> None:
+        url = f"redis://127.0.0.1:{_unused_port()}/0"
+
+        done = _run_worker(worker_env(streams_server.url, url))
+
+        assert done.returncode == 3, done.stderr
+        assert _error_lines(done.stderr) == [
+            f"error: cannot reach the Pub/Sub Redis at {url}: connection refused"
+        ]
+
+    def test_refused_credentials_are_a_configuration_error_exit_2(self) -> None:
+        user = ["--user", "router", "on", ">s3cret", "~*", "&*", "+@all"]
+        with RedisServer(extra_args=user) as server:
+            url = f"redis://router:wrong@127.0.0.1:{server.port}/0"
+            done = _run_worker(worker_env(url, url))
+
+        assert done.returncode == 2, done.stderr
+        assert _error_lines(done.stderr) == [
+            f"error: the streams Redis at redis://router:***@127.0.0.1:{server.port}/0 refused "
+            "the credentials: wrong user name or password, or the user is disabled"
+        ]
+
+    def test_a_taken_http_port_exits_3(
+        self, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            env = worker_env(
+                streams_server.url,
+                pubsub_server.url,
+                EVENT_ROUTER_HTTP_PORT=str(taken.getsockname()[1]),
+            )
+            done = _run_worker(env)
+
+        assert done.returncode == 3, done.stderr
+        assert "Traceback" not in done.stderr
+        assert _error_lines(done.stderr)[-1].startswith("error: cannot listen on 127.0.0.1:")
 
 
 class TestOrderAcrossWorkers:

@@ -70,13 +70,16 @@ class TestInMemoryStateStore(StateStoreContract):
         self.clock = ManualClock()
         self.leases = LeaseTable(self.clock)
 
-    async def make_store(self, *, history_size: int = 3) -> StateStore:
+    async def make_store(
+        self, *, history_size: int = 3, history_max_bytes: int = 1 << 20
+    ) -> StateStore:
         return InMemoryStateStore(
             clock=self.clock,
             leases=self.leases,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,
+            history_max_bytes=history_max_bytes,
         )
 
     async def set_epoch(self, stream: str, token: int) -> None:

@@ -17,8 +17,9 @@ OTHER_SECRET = "other-secret-" + "o" * 51
 
 
 def make_token(secret: str = SECRET, algorithm: str = "HS256", **claims: Any) -> str:
-    payload: dict[str, Any] = {"jobs": ["job-1"]}
+    payload: dict[str, Any] = {"jobs": ["job-1"], "exp": int(time.time()) + 300}
     payload.update(claims)
+    payload = {name: value for name, value in payload.items() if value is not None}
     return jwt.encode(payload, secret, algorithm=algorithm)
 
 
@@ -33,32 +34,32 @@ class TestUnauthorized:
         self, authorizer: JwtAuthorizer, token: str | None
     ) -> None:
         with pytest.raises(Unauthorized):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     @pytest.mark.parametrize("token", ["garbage", "a.b.c", "Bearer x", "eyJhbGciOi.."])
     def test_a_token_that_is_not_a_jwt_is_unauthorized(
         self, authorizer: JwtAuthorizer, token: str
     ) -> None:
         with pytest.raises(Unauthorized):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     def test_a_token_signed_with_another_secret_is_unauthorized(
         self, authorizer: JwtAuthorizer
     ) -> None:
         with pytest.raises(Unauthorized):
-            authorizer.authorize(make_token(secret=OTHER_SECRET), "job-1")
+            authorizer.authorize(make_token(secret=OTHER_SECRET), "job-1", domain="scan")
 
     def test_an_expired_token_is_unauthorized(self, authorizer: JwtAuthorizer) -> None:
         token = make_token(exp=int(time.time()) - 3600)
 
         with pytest.raises(Unauthorized, match="expired"):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     def test_an_unsigned_token_is_unauthorized(self, authorizer: JwtAuthorizer) -> None:
         token = jwt.encode({"jobs": ["*"]}, None, algorithm="none")
 
         with pytest.raises(Unauthorized):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     def test_a_token_signed_with_another_algorithm_is_unauthorized(
         self, authorizer: JwtAuthorizer
@@ -66,7 +67,7 @@ class TestUnauthorized:
         token = make_token(algorithm="HS512", jobs=["*"])
 
         with pytest.raises(Unauthorized):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     def test_a_token_with_a_tampered_payload_is_unauthorized(
         self, authorizer: JwtAuthorizer
@@ -75,40 +76,40 @@ class TestUnauthorized:
         forged_payload = jwt.utils.base64url_encode(b'{"jobs":["*"]}').decode()
 
         with pytest.raises(Unauthorized):
-            authorizer.authorize(f"{header}.{forged_payload}.{signature}", "job-1")
+            authorizer.authorize(f"{header}.{forged_payload}.{signature}", "job-1", domain="scan")
 
 
 class TestAuthorized:
     def test_a_valid_token_naming_the_job_is_accepted(self, authorizer: JwtAuthorizer) -> None:
-        authorizer.authorize(make_token(jobs=["job-0", "job-1"]), "job-1")
+        authorizer.authorize(make_token(jobs=["job-0", "job-1"]), "job-1", domain="scan")
 
     def test_a_wildcard_token_is_accepted_for_any_job(self, authorizer: JwtAuthorizer) -> None:
         token = make_token(jobs=["*"])
 
-        authorizer.authorize(token, "job-1")
-        authorizer.authorize(token, "some-other-job")
+        authorizer.authorize(token, "job-1", domain="scan")
+        authorizer.authorize(token, "some-other-job", domain="scan")
 
     def test_a_token_that_has_not_expired_is_accepted(self, authorizer: JwtAuthorizer) -> None:
-        authorizer.authorize(make_token(exp=int(time.time()) + 3600), "job-1")
+        authorizer.authorize(make_token(exp=int(time.time()) + 3600), "job-1", domain="scan")
 
     def test_the_open_authorizer_lets_everyone_in(self) -> None:
-        OpenAuthorizer().authorize(None, "job-1")
+        OpenAuthorizer().authorize(None, "job-1", domain="scan")
 
 
 class TestForbidden:
     def test_a_token_for_other_jobs_is_forbidden(self, authorizer: JwtAuthorizer) -> None:
         with pytest.raises(Forbidden):
-            authorizer.authorize(make_token(jobs=["job-2", "job-3"]), "job-1")
+            authorizer.authorize(make_token(jobs=["job-2", "job-3"]), "job-1", domain="scan")
 
     def test_a_token_with_no_jobs_is_forbidden(self, authorizer: JwtAuthorizer) -> None:
         with pytest.raises(Forbidden):
-            authorizer.authorize(make_token(jobs=[]), "job-1")
+            authorizer.authorize(make_token(jobs=[]), "job-1", domain="scan")
 
     def test_a_token_without_a_jobs_claim_is_forbidden(self, authorizer: JwtAuthorizer) -> None:
-        token = jwt.encode({"sub": "viewer"}, SECRET, algorithm="HS256")
+        token = make_token(jobs=None)
 
         with pytest.raises(Forbidden):
-            authorizer.authorize(token, "job-1")
+            authorizer.authorize(token, "job-1", domain="scan")
 
     @pytest.mark.parametrize(
         "jobs",
@@ -125,8 +126,83 @@ class TestForbidden:
         self, authorizer: JwtAuthorizer, jobs: object
     ) -> None:
         with pytest.raises(Forbidden):
-            authorizer.authorize(make_token(jobs=jobs), "job-1")
+            authorizer.authorize(make_token(jobs=jobs), "job-1", domain="scan")
 
     def test_a_job_id_is_matched_exactly_not_as_a_prefix(self, authorizer: JwtAuthorizer) -> None:
         with pytest.raises(Forbidden):
-            authorizer.authorize(make_token(jobs=["job-1"]), "job-10")
+            authorizer.authorize(make_token(jobs=["job-1"]), "job-10", domain="scan")
+
+
+class TestExpiry:
+    def test_a_token_without_exp_is_unauthorized_by_default(
+        self, authorizer: JwtAuthorizer
+    ) -> None:
+        with pytest.raises(Unauthorized, match="no expiry"):
+            authorizer.authorize(make_token(exp=None), "job-1", domain="scan")
+
+    def test_a_token_without_exp_is_accepted_when_exp_is_not_required(self) -> None:
+        lenient = JwtAuthorizer(SECRET, require_exp=False)
+
+        lenient.authorize(make_token(exp=None), "job-1", domain="scan")
+
+    def test_an_expired_token_is_refused_even_when_exp_is_not_required(self) -> None:
+        lenient = JwtAuthorizer(SECRET, require_exp=False)
+
+        with pytest.raises(Unauthorized, match="expired"):
+            lenient.authorize(make_token(exp=int(time.time()) - 60), "job-1", domain="scan")
+
+
+class TestSecret:
+    @pytest.mark.parametrize("secret", ["k", "a-few-bytes", "x" * 31, "é" * 15])
+    def test_a_secret_shorter_than_32_bytes_is_refused(self, secret: str) -> None:
+        with pytest.raises(ValueError, match="at least 32 bytes"):
+            JwtAuthorizer(secret)
+
+    def test_a_32_byte_secret_is_accepted(self) -> None:
+        JwtAuthorizer("x" * 32).authorize(make_token(secret="x" * 32), "job-1", domain="scan")
+
+
+class TestDomains:
+    def test_a_token_for_a_job_of_one_domain_does_not_open_the_same_job_of_another(
+        self, authorizer: JwtAuthorizer
+    ) -> None:
+        token = make_token(domain="scan", jobs=["job-1"])
+        authorizer.authorize(token, "job-1", domain="scan")
+
+        with pytest.raises(Forbidden, match="domain"):
+            authorizer.authorize(token, "job-1", domain="chat")
+
+    def test_a_token_naming_no_domain_opens_scan_jobs_only(self, authorizer: JwtAuthorizer) -> None:
+        legacy = make_token(jobs=["*"])
+        authorizer.authorize(legacy, "job-1", domain="scan")
+
+        with pytest.raises(Forbidden, match="domain"):
+            authorizer.authorize(legacy, "job-1", domain="chat")
+
+    def test_a_wildcard_domain_opens_its_jobs_in_every_domain(
+        self, authorizer: JwtAuthorizer
+    ) -> None:
+        token = make_token(domain="*", jobs=["job-1"])
+
+        authorizer.authorize(token, "job-1", domain="scan")
+        authorizer.authorize(token, "job-1", domain="chat")
+        with pytest.raises(Forbidden):
+            authorizer.authorize(token, "job-2", domain="chat")
+
+    @pytest.mark.parametrize("domain", [["scan"], 1, {"scan": True}])
+    def test_an_ill_typed_domain_is_forbidden(
+        self, authorizer: JwtAuthorizer, domain: object
+    ) -> None:
+        with pytest.raises(Forbidden):
+            authorizer.authorize(make_token(domain=domain), "job-1", domain="scan")
+
+    def test_an_issued_token_names_its_domain_and_expires(self, authorizer: JwtAuthorizer) -> None:
+        token = authorizer.issue("chat", ["job-9"], ttl_s=60)
+
+        claims = jwt.decode(token, SECRET, algorithms=["HS256"])
+        assert claims["domain"] == "chat"
+        assert claims["jobs"] == ["job-9"]
+        assert 0 < claims["exp"] - time.time() <= 60
+        authorizer.authorize(token, "job-9", domain="chat")
+        with pytest.raises(Forbidden):
+            authorizer.authorize(token, "job-9", domain="scan")

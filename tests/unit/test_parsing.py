@@ -86,6 +86,22 @@ class TestRejections:
             pytest.param(
                 make_fields(note=b"x" * 1_000_000), RejectReason.FIELD_TOO_LARGE, id="1 MB field"
             ),
+            pytest.param(
+                make_fields(result="NaN"), RejectReason.RESULT_NOT_FINITE, id="result NaN"
+            ),
+            pytest.param(
+                make_fields(result='{"score": [1, Infinity]}'),
+                RejectReason.RESULT_NOT_FINITE,
+                id="result nested Infinity",
+            ),
+            pytest.param(
+                make_fields(result="-Infinity"), RejectReason.RESULT_NOT_FINITE, id="result -inf"
+            ),
+            pytest.param(
+                make_fields(result='{"score": 1e309}'),
+                RejectReason.RESULT_NOT_FINITE,
+                id="result 1e309",
+            ),
         ],
     )
     def test_entry_is_rejected_with_its_reason(
@@ -112,8 +128,8 @@ class TestRejections:
         assert len(outcome.detail) < 200
 
     def test_every_parsing_reason_is_covered_here(self) -> None:
-        # max_deliveries is decided by the router, not by parsing.
-        parsing_reasons = set(RejectReason) - {RejectReason.MAX_DELIVERIES}
+        # max_deliveries and too_large (the routed size) are decided by the router.
+        parsing_reasons = set(RejectReason) - {RejectReason.MAX_DELIVERIES, RejectReason.TOO_LARGE}
         covered = {
             reason
             for mark in self.test_entry_is_rejected_with_its_reason.pytestmark  # type: ignore[attr-defined]
@@ -152,6 +168,29 @@ class TestValidEntries:
 
     def test_an_empty_progress_is_no_progress(self) -> None:
         assert parsed_event(make_fields(progress="")).progress is None
+
+    def test_empty_optional_fields_are_absent_as_the_reference_producer_writes_them(
+        self,
+    ) -> None:
+        # The reference design's producer writes every field, "" for the ones it has not got.
+        event = parsed_event(
+            make_fields(stage="", status="", ts="", progress="", result="", trace_id="")
+        )
+
+        assert (event.stage, event.status, event.ts, event.progress) == (None, None, None, None)
+        assert event.has_result is False
+        assert event.as_payload() == {
+            "trace_id": "",
+            "job_id": "job-1",
+            "seq": 1,
+            "stream_id": ENTRY_ID,
+            "domain": "scan",
+        }
+
+    def test_a_result_of_large_finite_numbers_is_accepted(self) -> None:
+        event = parsed_event(make_fields(result='{"big": 1e308, "small": -1e-320}'))
+
+        assert event.result == {"big": 1e308, "small": -1e-320}
 
     def test_extra_fields_pass_through_as_text(self) -> None:
         event = parsed_event(make_fields(region="eu-west", attempt="2", empty=""))

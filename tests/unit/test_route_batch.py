@@ -170,6 +170,37 @@ class TestInvalidEntries:
         assert [f[b"reason"] for f in h.dead_lettered()] == [b"result_not_json"]
         assert h.pending() == {}
 
+    async def test_a_stage_event_above_the_event_limit_is_dead_lettered_as_too_large(
+        self, h: Harness
+    ) -> None:
+        # Control characters are escaped six bytes for one: 2 KB of them make 12 KB of JSON.
+        h.xadd("job-1", 1)
+        h.xadd("job-1", 2, note="\x01" * 2048)
+        h.xadd("job-1", 3, note="x" * 7000)
+
+        result = await h.route(await h.read())
+
+        assert result.verdicts == Counter({Verdict.NEW: 2, Verdict.INVALID: 1})
+        assert h.published_seqs("job-1") == [1, 3]
+        [letter] = h.dead_lettered()
+        assert letter[b"reason"] == b"too_large"
+        assert b"above 8192 for a stage event" in letter[b"detail"]
+        assert h.metrics.dead_letters == Counter({("scan", RejectReason.TOO_LARGE): 1})
+        assert h.pending() == {}
+
+    async def test_results_and_terminal_events_get_the_larger_limit(self, h: Harness) -> None:
+        h.xadd("job-1", 1, result=f'"{"r" * 60_000}"')
+        h.xadd("job-1", 2, stage="vision", status="failed", error="e" * 20_000)
+        h.xadd(
+            "job-1", 3, stage="done", status="done", a="a" * 60_000, b="b" * 60_000, c="c" * 20_000
+        )
+
+        result = await h.route(await h.read())
+
+        assert h.published_seqs("job-1") == [1, 2]
+        assert [f[b"reason"] for f in h.dead_lettered()] == [b"too_large"]
+        assert result.verdicts == Counter({Verdict.NEW: 2, Verdict.INVALID: 1})
+
 
 class TestPublishFailure:
     async def test_new_entries_stay_pending_and_the_rest_is_acked(self, h: Harness) -> None:

@@ -37,6 +37,8 @@ class TestDefaults:
         assert settings.http_port == 8001
         assert settings.lease_ttl_ms == 4000
         assert settings.lease_renew_ms == 1000
+        assert (settings.max_event_bytes, settings.max_result_bytes) == (8192, 131_072)
+        assert settings.history_max_bytes == 1_048_576
 
     def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")
@@ -82,6 +84,9 @@ class TestErrors:
             ("EVENT_ROUTER_LOG_LEVEL", "LOUD"),
             ("EVENT_ROUTER_ORDER_WAIT_MS", "-5"),
             ("EVENT_ROUTER_ORDER_WAIT_MS", "a while"),
+            ("EVENT_ROUTER_JWT_SECRET", "short-secret"),
+            ("EVENT_ROUTER_JWT_SECRET", "x" * 31),
+            ("EVENT_ROUTER_JWT_REQUIRE_EXP", "sometimes"),
         ],
     )
     def test_an_invalid_value_is_refused_naming_the_variable(
@@ -95,6 +100,39 @@ class TestErrors:
         monkeypatch.setenv("EVENT_ROUTER_PUBLISHED_TTL_S", "60")
         with pytest.raises(ConfigError, match="EVENT_ROUTER_PUBLISHED_TTL_S"):
             load_settings()
+
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("EVENT_ROUTER_MAX_EVENT_BYTES", "200000"),
+            ("EVENT_ROUTER_MAX_RESULT_BYTES", "4096"),
+            ("EVENT_ROUTER_HISTORY_MAX_BYTES", "65536"),
+        ],
+    )
+    def test_an_event_limit_must_fit_the_next_limit_up(
+        self, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    ) -> None:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ConfigError, match="EVENT_ROUTER_MAX_EVENT_BYTES <= "):
+            load_settings()
+
+    def test_a_weak_jwt_secret_stops_startup_with_one_line_and_exit_2(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "hunter2")
+        # Nothing listens there: were the settings accepted, the command could reach no server.
+        monkeypatch.setenv("REDIS_STREAMS_URL", "redis://127.0.0.1:1/0")
+
+        assert main(["dlq", "replay", "--all"]) == 2
+
+        err = capsys.readouterr().err
+        assert "EVENT_ROUTER_JWT_SECRET: Value error, must be at least 32 bytes" in err
+        assert "hunter2" not in err
+
+    def test_exp_is_required_unless_switched_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert load_settings().jwt_require_exp is True
+        monkeypatch.setenv("EVENT_ROUTER_JWT_REQUIRE_EXP", "false")
+        assert load_settings().jwt_require_exp is False
 
     def test_the_cli_exits_2_with_the_message_on_stderr(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -125,3 +163,39 @@ class TestRetiredSettings:
             log_start("worker", load_settings())
 
         assert caplog.text == ""
+
+
+class TestSecretsInErrors:
+    def test_an_invalid_url_is_echoed_without_its_password(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("REDIS_PUBSUB_URL", "http://router:s3cret-pw@redis-b:6379/0")
+
+        with pytest.raises(ConfigError) as raised:
+            load_settings()
+
+        assert "s3cret-pw" not in str(raised.value)
+        assert "'http://router:***@redis-b:6379/0'" in str(raised.value)
+
+    def test_a_rule_across_settings_echoes_no_setting_at_all(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", "redis://router:s3cret-pw@redis-a:6379/0")
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "jwt-secret-" + "k" * 40)
+        monkeypatch.setenv("EVENT_ROUTER_PUBLISHED_TTL_S", "60")
+
+        assert main(["worker"]) == 2
+
+        err = capsys.readouterr().err
+        assert "EVENT_ROUTER_PUBLISHED_TTL_S must be at least" in err
+        assert "s3cret-pw" not in err
+        assert "jwt-secret-" not in err
+
+    def test_an_invalid_secret_is_never_echoed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_JWT_SECRET", "")
+
+        with pytest.raises(ConfigError) as raised:
+            load_settings()
+
+        assert "EVENT_ROUTER_JWT_SECRET" in str(raised.value)
+        assert "value hidden" in str(raised.value)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from eco_router.application.messages import DeadLetter
+from eco_router.application.messages import DeadLetter, StoredDeadLetter
+
+# Readers import the stored form from here, beside the format that produces it.
+__all__ = ["FIELD_PREFIX", "StoredDeadLetter", "dead_letter_fields", "read_dead_letter"]
 
 FIELD_PREFIX = b"field:"
 
@@ -25,20 +27,6 @@ def dead_letter_fields(letter: DeadLetter) -> dict[bytes, bytes]:
     for name, value in (delivery.fields or {}).items():
         fields[FIELD_PREFIX + name] = value
     return fields
-
-
-@dataclass(frozen=True, slots=True)
-class StoredDeadLetter:
-    """A dead-letter entry read back: where it came from, why, and its original fields."""
-
-    dlq_id: str
-    stream: str
-    entry_id: str
-    reason: str
-    detail: str
-    deliveries: int
-    dead_at_ms: int
-    fields: dict[bytes, bytes]
 
 
 def read_dead_letter(dlq_id: str, fields: Mapping[bytes, bytes]) -> StoredDeadLetter:

@@ -1,44 +1,66 @@
-"""Authorizers: HS256 JWTs naming the jobs a bearer may watch, or none at all."""
+"""Authorizers: HS256 JWTs naming the jobs, and their domain, a bearer may watch; or none."""
 
 from __future__ import annotations
 
 import time
 
 import jwt
+from jwt.types import Options
 
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import Authorizer
 
+# HS256 signs with SHA-256: a shorter key is weaker than the hash (RFC 7518, section 3.2).
+MIN_SECRET_BYTES = 32
+# The domain of tokens minted before tokens named one: the reference design's only domain.
+LEGACY_DOMAIN = "scan"
+ANY = "*"
+
 
 class JwtAuthorizer(Authorizer):
-    """Requires an HS256 token whose `jobs` claim lists the job (or `"*"`); `exp` is honoured."""
+    """Requires an HS256 token whose `domain` claim is the job's domain (or `"*"`) and whose
+    `jobs` claim lists the job (or `"*"`).
 
-    def __init__(self, secret: str) -> None:
+    - A token without `domain` opens jobs of `LEGACY_DOMAIN` only.
+    - `exp` is required when `require_exp` (the default) and honoured whenever present.
+    """
+
+    def __init__(self, secret: str, *, require_exp: bool = True) -> None:
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(f"an HS256 secret needs at least {MIN_SECRET_BYTES} bytes")
         self._secret = secret
+        self._options: Options = {"require": ["exp"] if require_exp else []}
 
-    def authorize(self, token: str | None, job_id: str) -> None:
+    def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
         if not token:
             raise Unauthorized("a bearer token is required")
         try:
-            claims = jwt.decode(token, self._secret, algorithms=["HS256"])
+            claims = jwt.decode(token, self._secret, algorithms=["HS256"], options=self._options)
         except jwt.ExpiredSignatureError as error:
             raise Unauthorized("the token has expired") from error
+        except jwt.MissingRequiredClaimError as error:
+            raise Unauthorized("the token has no expiry (`exp` claim)") from error
         except jwt.InvalidTokenError as error:
             raise Unauthorized("the token is not valid") from error
+        granted = claims.get("domain", LEGACY_DOMAIN)
+        if not isinstance(granted, str):
+            raise Forbidden("the token's `domain` is not a string")
+        if granted not in (ANY, domain):
+            raise Forbidden("the token does not grant this domain")
         jobs = claims.get("jobs")
         if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
             raise Forbidden("the token has no `jobs` list")
-        if "*" not in jobs and job_id not in jobs:
+        if ANY not in jobs and job_id not in jobs:
             raise Forbidden("the token does not grant this job")
 
-    def issue(self, job_ids: list[str], *, ttl_s: int) -> str:
-        """A token for `job_ids`, valid for `ttl_s` seconds (the demo page's own jobs)."""
-        claims = {"jobs": job_ids, "exp": int(time.time()) + ttl_s}
+    def issue(self, domain: str, job_ids: list[str], *, ttl_s: int) -> str:
+        """A token for `job_ids` of `domain`, valid for `ttl_s` seconds (the demo page's jobs)."""
+        claims = {"domain": domain, "jobs": job_ids, "exp": int(time.time()) + ttl_s}
         return jwt.encode(claims, self._secret, algorithm="HS256")
 
 
 class OpenAuthorizer(Authorizer):
     """Lets everyone watch every job (no secret configured)."""
 
-    def authorize(self, token: str | None, job_id: str) -> None:
+    def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
         return None

@@ -8,6 +8,9 @@ from typing import Any
 
 import orjson
 
+from eco_router.domain.event import JobEvent
+from eco_router.domain.event_size import EventSizeLimits
+from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
 from eco_router.domain.progress import (
     InvalidProgressEvent,
     ProgressEvent,
@@ -18,6 +21,8 @@ from eco_router.domain.streams import StreamFamily
 
 DEFAULT_IDEMPOTENCY_TTL_S = 7200
 DEFAULT_MAXLEN = 10_000
+# The longest entry id Redis can give: the size check never passes an event the router refuses.
+_LONGEST_ENTRY_ID = f"{2**64 - 1}-{2**64 - 1}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +36,15 @@ class PreparedEntry:
 
 @dataclass(frozen=True, slots=True)
 class ProducerConfig:
-    """Where and how a producer writes: the family, the stage plan, the window and the trim."""
+    """Where and how a producer writes: the family, the stage plan, the window, the trim and
+    the size limits, which must be those of the routers (`EVENT_ROUTER_MAX_*`)."""
 
     family: StreamFamily
     plan: StagePlan = field(default_factory=StagePlan)
     idempotency_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_S
     maxlen: int = DEFAULT_MAXLEN
+    size_limits: EventSizeLimits = field(default_factory=EventSizeLimits)
+    max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES
 
     def call(
         self,
@@ -55,7 +63,30 @@ class ProducerConfig:
         stream = self.family.stream_for(event.job_id)
         # The hash tag puts the marker in the stream's Redis Cluster slot: one script, one slot.
         marker = f"{{{stream}}}:once:{event.idempotency_suffix}"
-        return PreparedEntry(stream, marker, stream_fields(event))
+        fields = stream_fields(event)
+        self._check_routable(stream, fields)
+        return PreparedEntry(stream, marker, fields)
+
+    def _check_routable(self, stream: str, fields: dict[str, str]) -> None:
+        """Refuse what the router would dead-letter: a field or the routed JSON too large."""
+        routed = parse_entry(
+            domain=self.family.domain,
+            stream=stream,
+            entry_id=_LONGEST_ENTRY_ID,
+            fields={name.encode(): value.encode() for name, value in fields.items()},
+            max_field_bytes=self.max_field_bytes,
+        )
+        if not isinstance(routed, JobEvent):
+            raise InvalidProgressEvent(f"the router would refuse this event: {routed.detail}")
+        size = len(orjson.dumps(routed.as_payload()))
+        too_large = self.size_limits.check(
+            size, stage=routed.stage, status=routed.status, has_result=routed.has_result
+        )
+        if too_large is not None:
+            raise InvalidProgressEvent(
+                f"event too large: {too_large.detail} (EVENT_ROUTER_MAX_EVENT_BYTES / "
+                "EVENT_ROUTER_MAX_RESULT_BYTES; send large results by reference)"
+            )
 
 
 def stream_fields(event: ProgressEvent) -> dict[str, str]:

@@ -83,6 +83,7 @@ class RunDemoJobs:
         *,
         job_prefix: str = "demo",
         on_event: Callable[[DemoTally], None] | None = None,
+        on_job_started: Callable[[str], None] | None = None,
     ) -> DemoTally:
         tally = DemoTally()
         pacer = _Pacer(self._rate)
@@ -102,6 +103,8 @@ class RunDemoJobs:
                     if self._random.randrange(self._failure_every) == 0
                     else None
                 )
+                if on_job_started is not None:
+                    on_job_started(job_id)
                 await self._run_job(job_id, pacer, tally, stop, on_event, failing_at)
 
         async with asyncio.TaskGroup() as group:

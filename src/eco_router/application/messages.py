@@ -107,6 +107,37 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredDeadLetter:
+    """A dead-letter entry read back: where it came from, why, and its original fields."""
+
+    dlq_id: str
+    stream: str
+    entry_id: str
+    reason: str
+    detail: str
+    deliveries: int
+    dead_at_ms: int
+    fields: dict[bytes, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One dead letter put back: its dead-letter id, the stream and the new entry id."""
+
+    dlq_id: str
+    stream: str
+    new_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterTally:
+    """How many dead letters a family's stream holds, and the newest one's id (None: empty)."""
+
+    count: int
+    newest_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimPage:
     """One XAUTOCLAIM-style step: claimed deliveries (gone ones included) and the next cursor;
     a page from cursor `0-0` also tells the group's last delivered id on the shard, read
@@ -131,6 +162,16 @@ class ShardStats:
     shard: int
     lag: int | None
     pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCounters:
+    """How far one shard has come: entries ever appended, and entries the group has read
+    (None when the server cannot tell, e.g. after deletions)."""
+
+    stream: str
+    added: int | None
+    read: int | None
 
 
 @dataclass(frozen=True, slots=True)

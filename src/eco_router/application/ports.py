@@ -10,6 +10,7 @@ from eco_router.application.messages import (
     Applied,
     ClaimPage,
     DeadLetter,
+    DeadLetterTally,
     Delivery,
     EncodedEvent,
     FeedClosed,
@@ -17,7 +18,10 @@ from eco_router.application.messages import (
     GroupView,
     JobView,
     ReadBatch,
+    Replayed,
+    ShardCounters,
     ShardStats,
+    StoredDeadLetter,
 )
 from eco_router.domain.event import JobEvent
 from eco_router.domain.ownership import Lease
@@ -144,6 +148,34 @@ class DeadLetterSink(Protocol):
         """Store every letter in its family's dead-letter stream before the entry is acked,
         once per entry: a letter for an entry already dead-lettered is dropped (a router that
         died before its ack, or one that paused past its lease, sends it again)."""
+        ...
+
+
+@runtime_checkable
+class DeadLetterArchive(Protocol):
+    """Dead letters read back, counted, and replayed onto their original stream after a fix."""
+
+    async def oldest(self, family: StreamFamily, *, count: int = 100) -> list[StoredDeadLetter]:
+        """The family's oldest `count` dead letters, oldest first."""
+        ...
+
+    async def replay(self, family: StreamFamily, dlq_ids: Sequence[str] | None) -> list[Replayed]:
+        """Put the letters (all when `dlq_ids` is None) back on their stream byte for byte under
+        a new entry id, then delete them; `LookupError` naming an id that is not there (then
+        nothing is replayed), `ValueError` for a letter naming a stream outside the family."""
+        ...
+
+    async def tally(self, family: StreamFamily) -> DeadLetterTally:
+        """How many dead letters the family holds and the newest one's id."""
+        ...
+
+
+@runtime_checkable
+class ShardProgress(Protocol):
+    """How far each shard has been written and read by the group, as ever-growing counters."""
+
+    async def counters(self) -> list[ShardCounters]:
+        """Per shard of every family: entries appended and entries the group has read."""
         ...
 
 
@@ -289,8 +321,18 @@ class EventDecoder(Protocol):
 class Authorizer(Protocol):
     """Decides whether a request may read a job's events."""
 
-    def authorize(self, token: str | None, job_id: str) -> None:
-        """Raise `Unauthorized` without a valid token, `Forbidden` if it does not name the job."""
+    def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
+        """Raise `Unauthorized` without a valid token, `Forbidden` if it does not name the job
+        in `domain`."""
+        ...
+
+
+@runtime_checkable
+class AdminAuthorizer(Protocol):
+    """Decides whether a request may use the operator endpoints (the console)."""
+
+    def authorize_admin(self, token: str | None) -> None:
+        """Raise `Unauthorized` without a valid token, `Forbidden` if it is not an admin's."""
         ...
 
 

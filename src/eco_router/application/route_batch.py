@@ -19,6 +19,7 @@ from eco_router.application.ports import (
     StateStore,
 )
 from eco_router.domain.event import JobEvent
+from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS, EventSizeLimits
 from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
 from eco_router.domain.rejection import Rejection, RejectReason
 from eco_router.domain.streams import shard_of
@@ -43,7 +44,9 @@ class RouteBatch:
     - Entries deleted before they were acked are acked and counted; nothing else can be done.
     - Each dead letter is logged at warning with its entry id and reason, once it is stored.
     - An entry delivered more than `max_deliveries` times is dead-lettered unread (poison).
-    - An entry that does not parse is INVALID and dead-lettered with its reason.
+    - An entry that does not parse is INVALID and dead-lettered with its reason; so is one
+      whose routed JSON is above its size limit (`too_large`), measured on the payload the
+      encoder made anyway.
     - Each job's events are judged in seq order, the whole batch in one atomic store call.
     - NEW events are published in that order; DUPLICATE and STALE ones are only acked.
     - Publish-then-ack: when the publish fails, the NEW entries stay unacked and are returned
@@ -65,6 +68,7 @@ class RouteBatch:
         clock: Clock,
         max_deliveries: int,
         max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
+        size_limits: EventSizeLimits = DEFAULT_SIZE_LIMITS,
     ) -> None:
         self._source = source
         self._store = store
@@ -75,6 +79,7 @@ class RouteBatch:
         self._clock = clock
         self._max_deliveries = max_deliveries
         self._max_field_bytes = max_field_bytes
+        self._size_limits = size_limits
 
     async def __call__(
         self, deliveries: Sequence[Delivery], fence: Mapping[str, int]
@@ -95,13 +100,30 @@ class RouteBatch:
         encoded: list[EncodedEvent] = []
         for event in in_judging_order(events):
             try:
-                encoded.append(EncodedEvent(event, self._encoder.encode(event)))
+                payload = self._encoder.encode(event)
             except (TypeError, ValueError) as error:
                 # A result the encoder cannot write (a 2**64 integer) must not hold up the batch.
                 delivery = by_entry.pop(_entry_key(event))
                 letters.append(
                     DeadLetter(delivery, RejectReason.RESULT_NOT_JSON, f"cannot encode: {error}")
                 )
+                continue
+            # Most events are under the smaller limit: only the others are judged further.
+            too_large = (
+                self._size_limits.check(
+                    len(payload),
+                    stage=event.stage,
+                    status=event.status,
+                    has_result=event.has_result,
+                )
+                if len(payload) > self._size_limits.max_event_bytes
+                else None
+            )
+            if too_large is not None:
+                delivery = by_entry.pop(_entry_key(event))
+                letters.append(DeadLetter(delivery, too_large.reason, too_large.detail))
+                continue
+            encoded.append(EncodedEvent(event, payload))
         applied = await self._apply(encoded, letters, fence)
         result.fenced = applied.fenced
         if applied.fenced:

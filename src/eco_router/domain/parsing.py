@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 
@@ -14,6 +15,12 @@ DEFAULT_MAX_FIELD_BYTES = 64 * 1024
 # Seqs are compared as Lua numbers (doubles) in Redis: keep them exactly representable.
 MAX_SEQ = 2**53 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+# Producers on the reference design write every field as a string, an absent one as "".
+OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
+
+
+class _NotFinite(ValueError):
+    """A result number that JSON cannot carry: it would be published as null."""
 
 
 def parse_entry(
@@ -36,6 +43,9 @@ def parse_entry(
             text[raw_name.decode()] = raw_value.decode()
         except UnicodeDecodeError:
             return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
+    for name in OPTIONAL_FIELDS:
+        if text.get(name) == "":
+            del text[name]
 
     job_id = text.get("job_id", "")
     if not job_id:
@@ -57,8 +67,8 @@ def parse_entry(
         return Rejection(RejectReason.SEQ_NEGATIVE, f"seq {seq} is negative")
 
     progress: int | None = None
-    raw_progress = text.get("progress", "")
-    if raw_progress:
+    raw_progress = text.get("progress")
+    if raw_progress is not None:
         progress = _integer(raw_progress)
         # Bounded like seq: readers of the JSON payload hold numbers as doubles.
         if progress is None or abs(progress) > MAX_SEQ:
@@ -71,7 +81,11 @@ def parse_entry(
     result: object = None
     if has_result:
         try:
-            result = json.loads(text["result"])
+            result = json.loads(
+                text["result"], parse_constant=_refuse_constant, parse_float=_finite_float
+            )
+        except _NotFinite as error:
+            return Rejection(RejectReason.RESULT_NOT_FINITE, f"result holds {error}")
         except (ValueError, RecursionError) as error:
             return Rejection(RejectReason.RESULT_NOT_JSON, f"result is not JSON: {error}")
 
@@ -89,6 +103,17 @@ def parse_entry(
         has_result=has_result,
         extra={name: value for name, value in text.items() if name not in RESERVED_FIELDS},
     )
+
+
+def _refuse_constant(name: str) -> object:
+    raise _NotFinite(f"{name}, which JSON cannot carry")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"{text[:32]}, which is beyond a double")
+    return value
 
 
 def _integer(text: str) -> int | None:

@@ -17,7 +17,9 @@ class RejectReason(StrEnum):
     PROGRESS_NOT_INTEGER = "progress_not_integer"
     NOT_UTF8 = "not_utf8"
     RESULT_NOT_JSON = "result_not_json"
+    RESULT_NOT_FINITE = "result_not_finite"
     FIELD_TOO_LARGE = "field_too_large"
+    TOO_LARGE = "too_large"
     MAX_DELIVERIES = "max_deliveries"
 
 

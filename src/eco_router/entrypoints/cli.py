@@ -14,22 +14,26 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 import uvicorn
 from redis.exceptions import RedisError
 
+from eco_router import __version__
 from eco_router.adapters.redis.connection import redacted
 from eco_router.application.errors import TransientError
-from eco_router.domain.progress import InvalidProgressEvent, Status
+from eco_router.domain.progress import InvalidProgressEvent, StagePlan, Status
 from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
+from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.http.app import create_app, end_streams
 from eco_router.entrypoints.logging_setup import configure_logging
 from eco_router.entrypoints.operator_commands import UsageError
 from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
+from eco_router.entrypoints.startup_checks import StartupFailure, check_redis_servers
 from eco_router.entrypoints.worker import serve
 
 log = logging.getLogger("eco_router")
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# What `uvicorn.run` exits with when the server cannot start (e.g. the port is taken).
-_STARTUP_FAILURE = 3
+_STAGES_HELP = (
+    f"the domain's stage order, comma-separated (default: {','.join(StagePlan().stages)})"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,8 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except ConfigError as error:
-        print(f"eco-router: {error}", file=sys.stderr)
-        return 2
+        print(f"error: {error}", file=sys.stderr)
+        return ExitCode.CONFIGURATION
     configure_logging(settings.log_level)
     try:
         if args.command == "worker":
@@ -57,25 +61,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 demo=args.demo,
             )
         return asyncio.run(_operator_command(settings, args))
+    except StartupFailure as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
     except (UsageError, InvalidProgressEvent) as error:
         print(f"eco-router {args.command}: {error}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIGURATION
     except (OSError, RuntimeError, RedisError, TransientError) as error:
         log.error("%s", error)
-        return 1
+        return ExitCode.ERROR
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="eco-router", description="Routes job-progress events from Redis Streams to Pub/Sub."
+        prog="eco-router",
+        description="Routes job-progress events from Redis Streams to Pub/Sub.",
+        epilog="Settings come from the environment (README: Configuration). Exit status: 0 "
+        "stopped cleanly, 1 error, 2 invalid configuration, 3 a Redis server or the port "
+        "unavailable at startup.",
+        formatter_class=_HelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "worker", help="run the router (consumer + reclaimer) with /health, /ready, /metrics"
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _command(
+        commands,
+        "worker",
+        "run the router (consumer + reclaimer) with /health, /ready, /metrics on "
+        "EVENT_ROUTER_HTTP_HOST:EVENT_ROUTER_HTTP_PORT",
     )
-    serve_cmd = commands.add_parser("serve", help="run the HTTP app with the router inside")
-    serve_cmd.add_argument("--host", default="127.0.0.1")
-    serve_cmd.add_argument("--port", type=_port, default=8000)
+    serve_cmd = _command(
+        commands, "serve", "run the HTTP app (SSE gateway, demo page) with the router inside"
+    )
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve_cmd.add_argument("--port", type=_port, default=8000, help="port to listen on")
     serve_cmd.add_argument(
         "--in-memory",
         action="store_true",
@@ -95,42 +113,65 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    publish = commands.add_parser("publish", help="publish one job-progress event")
-    publish.add_argument("--domain", default="scan")
-    publish.add_argument("--job", required=True)
-    publish.add_argument("--stage", required=True)
-    publish.add_argument("--status", required=True, choices=[s.value for s in Status])
-    publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
-    publish.add_argument("--progress", type=int)
-    publish.add_argument("--seq", type=int, help="override the deterministic seq")
-    publish.add_argument("--stages", help="the domain's stage order, comma-separated")
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default; flags (off unless given) and required options show none."""
 
-    demo = commands.add_parser("demo", help="simulate workers running whole pipelines")
-    demo.add_argument("--domain", default="scan")
-    demo.add_argument("--jobs", type=_positive_int, default=20)
-    demo.add_argument("--rate", type=_positive_float, default=20.0, help="events per second")
-    demo.add_argument("--stages", help="the domain's stage order, comma-separated")
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if isinstance(action.default, bool) or action.default is None or action.required:
+            return action.help
+        return super()._get_help_string(action)
 
-    state = commands.add_parser("state", help="show a job's state snapshot and history")
-    state.add_argument("job")
-    state.add_argument("--domain", default="scan")
-    state.add_argument("--json", action="store_true", dest="as_json")
 
-    dlq = commands.add_parser("dlq", help="inspect and replay dead letters")
-    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
-    dlq_list = dlq_commands.add_parser("list", help="show dead letters, oldest first")
-    dlq_list.add_argument("--domain", default="scan")
-    dlq_list.add_argument("--count", type=_positive_int, default=100)
-    replay = dlq_commands.add_parser("replay", help="put dead letters back on their stream")
-    replay.add_argument("ids", nargs="*", metavar="ID")
-    replay.add_argument("--all", action="store_true", dest="replay_all")
-    replay.add_argument("--domain", default="scan")
-
-    status = commands.add_parser(
-        "status", help="show the live routers and each shard's holder, lag and pending"
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
+) -> argparse.ArgumentParser:
+    return commands.add_parser(
+        name, help=summary, description=summary, formatter_class=_HelpFormatter
     )
-    status.add_argument("--json", action="store_true", dest="as_json")
+
+
+def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    publish = _command(commands, "publish", "publish one job-progress event")
+    publish.add_argument("--domain", default="scan", help="the stream family's domain")
+    publish.add_argument("--job", required=True, help="the job id")
+    publish.add_argument("--stage", required=True, help="the stage name, e.g. vision")
+    publish.add_argument(
+        "--status", required=True, choices=[s.value for s in Status], help="the stage's status"
+    )
+    publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
+    publish.add_argument("--progress", type=int, help="percent done, 0-100")
+    publish.add_argument("--seq", type=int, help="override the deterministic seq")
+    publish.add_argument("--stages", help=_STAGES_HELP)
+
+    demo = _command(commands, "demo", "simulate workers running whole pipelines")
+    demo.add_argument("--domain", default="scan", help="the stream family's domain")
+    demo.add_argument("--jobs", type=_positive_int, default=20, help="how many jobs to run")
+    demo.add_argument("--rate", type=_positive_float, default=20.0, help="events per second")
+    demo.add_argument("--stages", help=_STAGES_HELP)
+
+    state = _command(commands, "state", "show a job's state snapshot and history")
+    state.add_argument("job", help="the job id")
+    state.add_argument("--domain", default="scan", help="the stream family's domain")
+    state.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
+
+    dlq = _command(commands, "dlq", "inspect and replay dead letters")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
+    dlq_list = _command(dlq_commands, "list", "show dead letters, oldest first")
+    dlq_list.add_argument("--domain", default="scan", help="the stream family's domain")
+    dlq_list.add_argument(
+        "--count", type=_positive_int, default=100, help="how many dead letters to show at most"
+    )
+    replay = _command(dlq_commands, "replay", "put dead letters back on their stream")
+    replay.add_argument("ids", nargs="*", metavar="ID", help="dead-letter ids, as `dlq list` shows")
+    replay.add_argument(
+        "--all", action="store_true", dest="replay_all", help="replay every dead letter"
+    )
+    replay.add_argument("--domain", default="scan", help="the stream family's domain")
+
+    status = _command(
+        commands, "status", "show the live routers and each shard's holder, lag and pending"
+    )
+    status.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
 
 
 async def _operator_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -201,11 +242,12 @@ def _worker(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        await check_redis_servers(settings)
         await serve(container, stop)
 
     asyncio.run(run())
     log.info("worker stopped")
-    return 0
+    return ExitCode.OK
 
 
 def _serve(
@@ -215,6 +257,7 @@ def _serve(
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
         log_start("serve", settings)
+        asyncio.run(check_redis_servers(settings))
     if not route:
         log.info("serving SSE only: events are routed by eco-router worker processes")
     container = build_container(settings, in_memory=in_memory, route=route)
@@ -230,7 +273,8 @@ def _serve(
     )
     server = _GatewayServer(config, before_shutdown=lambda: end_streams(app))
     server.run()
-    return 0 if server.started else _STARTUP_FAILURE
+    # uvicorn has logged why it could not start (e.g. the port is taken).
+    return ExitCode.OK if server.started else ExitCode.UNREACHABLE
 
 
 class _GatewayServer(uvicorn.Server):

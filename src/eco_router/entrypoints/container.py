@@ -7,37 +7,47 @@ from prometheus_client import CollectorRegistry
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder, OrjsonEventEncoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
+from eco_router.adapters.memory.dead_letter_archive import InMemoryDeadLetterArchive
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.leases import InMemoryLeaseStore
 from eco_router.adapters.memory.publisher import InMemoryStreamPublisher
+from eco_router.adapters.memory.shard_progress import InMemoryShardProgress
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.connection import open_redis
-from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
+from eco_router.adapters.redis.dead_letters import (
+    RedisDeadLetterArchive,
+    RedisStreamDeadLetterSink,
+)
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+from eco_router.adapters.redis.shard_progress import RedisShardProgress
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
+from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
 from eco_router.application.held_shards import HeldShards
+from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
+from eco_router.application.replay_dead_letters import ReplayDeadLetters
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.entrypoints.factories import (
-    DEMO_EVENTS_PER_SECOND,
     demo_producer_config,
+    make_admin_authorizer,
     make_authorizer,
     open_event_feed,
 )
@@ -88,6 +98,7 @@ class Container(containers.DeclarativeContainer):
         state_ttl_s=settings.provided.state_ttl_s,
         markers_ttl_s=settings.provided.published_ttl_s,
         history_size=settings.provided.history_size,
+        history_max_bytes=settings.provided.history_max_bytes,
     )
     broadcaster = providers.Singleton(
         RedisPubSubBroadcaster, pubsub_redis, channel_prefix=settings.provided.channel_prefix
@@ -107,6 +118,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         max_deliveries=settings.provided.max_deliveries,
         max_field_bytes=settings.provided.max_field_bytes,
+        size_limits=settings.provided.event_size_limits,
     )
     held_shards = providers.Singleton(HeldShards)
     router_health = providers.Singleton(
@@ -181,7 +193,9 @@ class Container(containers.DeclarativeContainer):
         metrics=gateway_metrics,
         queue_size=settings.provided.sse_queue_size,
     )
-    authorizer = providers.Singleton(make_authorizer, settings.provided.jwt_secret)
+    authorizer = providers.Singleton(
+        make_authorizer, settings.provided.jwt_secret, settings.provided.jwt_require_exp
+    )
     stream_limits = providers.Singleton(
         StreamLimits,
         keepalive_s=settings.provided.sse_keepalive_s,
@@ -198,6 +212,34 @@ class Container(containers.DeclarativeContainer):
         limits=stream_limits,
     )
 
+    # The operator console: what `status`, `dlq` and `state` read, for the HTTP layer.
+    admin_authorizer = providers.Singleton(make_admin_authorizer, settings.provided.jwt_secret)
+    dead_letter_archive = providers.Singleton(RedisDeadLetterArchive, streams_redis)
+    shard_progress = providers.Singleton(
+        RedisShardProgress,
+        streams_redis,
+        families=settings.provided.streams,
+        group=settings.provided.consumer_group,
+    )
+    console_snapshot = providers.Singleton(
+        ReadConsoleSnapshot,
+        leases=lease_store,
+        source=event_source,
+        progress=shard_progress,
+        archive=dead_letter_archive,
+        families=settings.provided.streams,
+        group=settings.provided.consumer_group,
+    )
+    list_dead_letters = providers.Singleton(
+        ListDeadLetters, archive=dead_letter_archive, families=settings.provided.streams
+    )
+    replay_dead_letters = providers.Singleton(
+        ReplayDeadLetters, archive=dead_letter_archive, families=settings.provided.streams
+    )
+    look_up_job = providers.Singleton(
+        LookUpJob, store=state_store, families=settings.provided.streams
+    )
+
     producer_config = providers.Singleton(demo_producer_config, settings)
     demo_publisher = providers.Singleton(AsyncStreamPublisher, streams_redis, producer_config)
     start_demo_job = providers.Singleton(
@@ -206,7 +248,7 @@ class Container(containers.DeclarativeContainer):
             RunDemoJobs,
             publisher=demo_publisher,
             stages=producer_config.provided.plan.stages,
-            rate=DEMO_EVENTS_PER_SECOND,
+            rate=settings.provided.demo_events_per_s,
         ),
     )
 
@@ -241,6 +283,7 @@ def use_in_memory(container: Container) -> None:
             state_ttl_s=settings.provided.state_ttl_s,
             markers_ttl_s=settings.provided.published_ttl_s,
             history_size=settings.provided.history_size,
+            history_max_bytes=settings.provided.history_max_bytes,
         )
     )
     container.broadcaster.override(
@@ -256,6 +299,17 @@ def use_in_memory(container: Container) -> None:
             decoder=container.decoder,
             metrics=container.gateway_metrics,
             queue_size=settings.provided.sse_queue_size,
+        )
+    )
+    container.dead_letter_archive.override(
+        providers.Singleton(InMemoryDeadLetterArchive, container.memory_streams)
+    )
+    container.shard_progress.override(
+        providers.Singleton(
+            InMemoryShardProgress,
+            container.memory_streams,
+            families=settings.provided.streams,
+            group=settings.provided.consumer_group,
         )
     )
     container.demo_publisher.override(

@@ -8,24 +8,40 @@ from contextlib import asynccontextmanager
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
-from eco_router.application.ports import Authorizer, EventDecoder, GatewayMetrics
+from eco_router.application.ports import (
+    AdminAuthorizer,
+    Authorizer,
+    EventDecoder,
+    GatewayMetrics,
+)
 from eco_router.entrypoints.settings import Settings
-
-# A pace a person can follow in the browser: about two seconds per job.
-DEMO_EVENTS_PER_SECOND = 5.0
 
 
 def demo_producer_config(settings: Settings) -> ProducerConfig:
     """Demo jobs go to the first configured family."""
-    return ProducerConfig(family=settings.streams[0])
+    return ProducerConfig(
+        family=settings.streams[0],
+        size_limits=settings.event_size_limits,
+        max_field_bytes=settings.max_field_bytes,
+    )
 
 
-def make_authorizer(secret: SecretStr | None) -> Authorizer:
+def make_authorizer(secret: SecretStr | None, require_exp: bool = True) -> Authorizer:
     """JWTs when a secret is configured, else open (the app warns at startup)."""
-    return JwtAuthorizer(secret.get_secret_value()) if secret is not None else OpenAuthorizer()
+    if secret is None:
+        return OpenAuthorizer()
+    return JwtAuthorizer(secret.get_secret_value(), require_exp=require_exp)
+
+
+def make_admin_authorizer(secret: SecretStr | None) -> AdminAuthorizer:
+    """Admin JWTs when a secret is configured, else open (the console warns at startup)."""
+    if secret is None:
+        return OpenAdminAuthorizer()
+    return JwtAdminAuthorizer(secret.get_secret_value())
 
 
 @asynccontextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from redis.asyncio import Redis
 
 from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.connection import open_redis, redacted
-from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
+from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
 from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
@@ -27,6 +28,7 @@ from eco_router.application.messages import GroupView, ShardStats
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.settings import Settings
+from eco_router.entrypoints.terminal_text import printable
 
 
 class UsageError(Exception):
@@ -44,7 +46,12 @@ def family_for(settings: Settings, domain: str) -> StreamFamily:
 
 def producer_config(settings: Settings, domain: str, stages: str | None) -> ProducerConfig:
     plan = StagePlan(tuple(s.strip() for s in stages.split(","))) if stages else StagePlan()
-    return ProducerConfig(family=family_for(settings, domain), plan=plan)
+    return ProducerConfig(
+        family=family_for(settings, domain),
+        plan=plan,
+        size_limits=settings.event_size_limits,
+        max_field_bytes=settings.max_field_bytes,
+    )
 
 
 @asynccontextmanager
@@ -91,7 +98,7 @@ async def publish(
         entry_id = await publisher.publish_stage_event(
             job, stage, status, result=decoded, progress=progress, seq=seq
         )
-    print(f"{config.family.stream_for(job)} {entry_id}", file=out)
+    say(f"{config.family.stream_for(job)} {entry_id}", out)
     return 0
 
 
@@ -111,7 +118,12 @@ async def demo(
         run = RunDemoJobs(
             publisher=AsyncStreamPublisher(client, config), stages=config.plan.stages, rate=rate
         )
-        tally = await run(jobs, stop, on_event=lambda t: live.show(_describe(t, jobs)))
+        tally = await run(
+            jobs,
+            stop,
+            on_event=lambda t: live.show(_describe(t, jobs)),
+            on_job_started=lambda job: live.note(f"started {domain} job {job}"),
+        )
     live.finish(_describe(tally, jobs) + (" (stopped)" if stop.is_set() else ""))
     return 0
 
@@ -130,15 +142,15 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
     snapshot = orjson.loads(view.state) if view.state else None
     history = [orjson.loads(p) for p in view.history]
     if as_json:
-        print(json.dumps({"state": snapshot, "history": history}, ensure_ascii=False), file=out)
+        say(json.dumps({"state": snapshot, "history": history}, ensure_ascii=False), out)
         return 0 if snapshot is not None else 1
     if snapshot is None:
-        print(f"no state for {domain} job {job!r} (unknown or expired)", file=out)
+        say(f"no state for {domain} job {job!r} (unknown or expired)", out)
         return 1
-    print(f"{domain} job {job}: {_line(snapshot)}", file=out)
-    print(f"history ({len(history)} events):", file=out)
+    say(f"{domain} job {job}: {_line(snapshot)}", out)
+    say(f"history ({len(history)} events):", out)
     for event in history:
-        print(f"  {_line(event)}", file=out)
+        say(f"  {_line(event)}", out)
     return 0
 
 
@@ -147,22 +159,30 @@ async def dlq_list(settings: Settings, *, domain: str, count: int, out: TextIO) 
     async with streams_client(settings) as client:
         letters = await RedisDeadLetterArchive(client).oldest(family, count=count)
     if not letters:
-        print(f"{family.dead_letter_stream} is empty", file=out)
+        say(f"{family.dead_letter_stream} is empty", out)
     for letter in letters:
         fields = " ".join(
             f"{k.decode(errors='replace')}={_short(v)}" for k, v in letter.fields.items()
         )
-        print(
+        say(
             f"{letter.dlq_id}  {letter.reason:<22} {letter.stream} {letter.entry_id} "
-            f"deliveries={letter.deliveries}  {letter.detail}\n    {fields}",
-            file=out,
+            f"deliveries={letter.deliveries}  {letter.detail}",
+            out,
         )
+        say(f"    {fields}", out)
     return 0
 
 
 async def dlq_replay(
-    settings: Settings, *, domain: str, ids: list[str], replay_all: bool, out: TextIO
+    settings: Settings,
+    *,
+    domain: str,
+    ids: list[str],
+    replay_all: bool,
+    out: TextIO,
+    err: TextIO | None = None,
 ) -> int:
+    """Replay dead letters; when an id is not found, say so for each and replay nothing."""
     if replay_all == bool(ids):
         raise UsageError("give dead-letter ids or --all, not both and not neither")
     family = family_for(settings, domain)
@@ -171,11 +191,16 @@ async def dlq_replay(
             replayed = await RedisDeadLetterArchive(client).replay(
                 family, None if replay_all else ids
             )
-        except (LookupError, ValueError) as error:
+        except MissingDeadLetters as error:
+            for problem in error.missing:
+                say(f"eco-router dlq replay: {problem}", err or sys.stderr)
+            say("eco-router dlq replay: nothing replayed", err or sys.stderr)
+            return 2
+        except ValueError as error:
             raise UsageError(str(error)) from error
     for item in replayed:
-        print(f"{item.dlq_id} -> {item.stream} {item.new_id}", file=out)
-    print(f"replayed {len(replayed)} dead letters", file=out)
+        say(f"{item.dlq_id} -> {item.stream} {item.new_id}", out)
+    say(f"replayed {len(replayed)} dead letters", out)
     return 0
 
 
@@ -198,10 +223,10 @@ async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
         stats = await source.shard_stats()
     report = _status_report(settings.consumer_group, view, stats)
     if as_json:
-        print(json.dumps(report, ensure_ascii=False), file=out)
+        say(json.dumps(report, ensure_ascii=False), out)
     else:
         for line in _status_lines(report):
-            print(line, file=out)
+            say(line, out)
     return 0
 
 
@@ -271,7 +296,7 @@ def _status_lines(report: dict[str, Any]) -> list[str]:
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     """Aligned columns: numbers to the right, text to the left, None as '-'."""
-    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    cells = [header] + [["-" if v is None else printable(str(v)) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     numeric = [
         all(isinstance(row[i], int) or row[i] is None for row in rows) for i in range(len(header))
@@ -332,11 +357,16 @@ class _LiveLine:
     def show(self, text: str) -> None:
         self._count += 1
         if self._tty:
-            print(f"\r{text}\033[K", end="", file=self._out, flush=True)
+            print(f"\r{printable(text)}\033[K", end="", file=self._out, flush=True)
         elif self._count % 100 == 0:
-            print(text, file=self._out, flush=True)
+            say(text, self._out, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line of its own, above the status line."""
+        print(f"\r{text}\033[K" if self._tty else text, file=self._out, flush=True)
 
     def finish(self, text: str) -> None:
+        text = printable(text)
         print(f"\r{text}\033[K" if self._tty else text, file=self._out, flush=True)
 
 
@@ -352,3 +382,8 @@ def _line(event: dict[str, Any]) -> str:
 def _short(value: bytes, limit: int = 60) -> str:
     text = value.decode(errors="replace")
     return text if len(text) <= limit else f"{text[:limit]}… ({len(value)} bytes)"
+
+
+def say(text: str, out: TextIO, *, flush: bool = False) -> None:
+    """Print one line of output; stored strings in it are made `printable` first."""
+    print(printable(text), file=out, flush=flush)

@@ -13,9 +13,6 @@ from eco_router.entrypoints.resolve import resolve
 
 log = logging.getLogger(__name__)
 
-# The worker's exit status when a supervised task kept dying (documented in the README).
-EXIT_TASK_KEPT_FAILING = 4
-
 
 def kept_failing(error: BaseException | None) -> bool:
     """Whether the router ended because a supervised task kept dying."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     AliasChoices,
@@ -16,6 +16,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from eco_router.adapters.jwt_authorizer import MIN_SECRET_BYTES
+from eco_router.adapters.redaction import redact_query, redact_url
+from eco_router.domain.event_size import (
+    DEFAULT_HISTORY_MAX_BYTES,
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    EventSizeLimits,
+)
 from eco_router.domain.streams import StreamFamily
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -76,15 +84,27 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(5, ge=1)
     history_size: int = Field(100, ge=1, le=10_000)
     channel_prefix: str = Field("sse:events", min_length=1)
+    # The operator console (/console on `serve`): off unless asked for.
+    console: bool = False
+    console_refresh_s: float = Field(2, gt=0, le=300)
     max_field_bytes: int = Field(64 * 1024, ge=1)
+    max_event_bytes: int = Field(DEFAULT_MAX_EVENT_BYTES, ge=256)
+    max_result_bytes: int = Field(DEFAULT_MAX_RESULT_BYTES, ge=256)
+    history_max_bytes: int = Field(DEFAULT_HISTORY_MAX_BYTES, ge=1024)
     stats_interval_s: float = Field(5, gt=0)
     jwt_secret: SecretStr | None = None
+    jwt_require_exp: bool = True
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
     sse_queue_size: int = Field(256, ge=2, le=100_000)
+    # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
+    # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"
     http_port: int = Field(8001, ge=0, le=65_535)
+    gateway_metrics: bool = False
+    # Slow enough that a person can drop the connection mid-job on the demo page.
+    demo_events_per_s: float = Field(1.5, gt=0, le=10_000)
     log_level: str = "INFO"
     # Failing loud and recovering: quarantined shards, supervised tasks.
     quarantine_retry_s: float = Field(10, gt=0, le=3600)
@@ -108,6 +128,11 @@ class Settings(BaseSettings):
     def _check_secret(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value():
             raise ValueError("must not be empty (unset it to run without authorization)")
+        if value is not None and len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_BYTES} bytes for HS256 "
+                "(e.g. the output of `openssl rand -base64 32`)"
+            )
         return value
 
     @field_validator("log_level")
@@ -135,6 +160,19 @@ class Settings(BaseSettings):
                 "so one late heartbeat does not lose a router its shards"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> Settings:
+        if not self.max_event_bytes <= self.max_result_bytes <= self.history_max_bytes:
+            raise ValueError(
+                "EVENT_ROUTER_MAX_EVENT_BYTES <= EVENT_ROUTER_MAX_RESULT_BYTES <= "
+                "EVENT_ROUTER_HISTORY_MAX_BYTES must hold, so every routed event fits a history"
+            )
+        return self
+
+    @property
+    def event_size_limits(self) -> EventSizeLimits:
+        return EventSizeLimits(self.max_event_bytes, self.max_result_bytes)
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -167,12 +205,29 @@ def load_settings(**overrides: object) -> Settings:
 
 
 def describe(error: ValidationError) -> str:
+    """One line per problem, naming the variable; never a password or a secret."""
     lines = []
     for problem in error.errors():
-        location = problem["loc"][0] if problem["loc"] else ""
-        name = _env_name(str(location)) if location else "settings"
-        lines.append(f"{name}: {problem['msg']} (got {problem.get('input')!r})")
+        location = str(problem["loc"][0]) if problem["loc"] else ""
+        if not location:
+            # A rule across settings: its input is the whole environment, secrets included.
+            lines.append(f"{problem['msg']}")
+            continue
+        lines.append(f"{_env_name(location)}: {problem['msg']} ({_shown(location, problem)})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _shown(field: str, problem: Any) -> str:
+    value = problem.get("input")
+    if field.lower() in _SECRET_FIELDS:
+        return "value hidden"
+    if isinstance(value, str) and field.lower() in _URL_FIELDS:
+        return f"got {redact_url(value)!r}"
+    return f"got {redact_query(value) if isinstance(value, str) else value!r}"
+
+
+_SECRET_FIELDS = frozenset({"jwt_secret"})
+_URL_FIELDS = frozenset({"redis_streams_url", "redis_pubsub_url"})
 
 
 def _env_name(field: str) -> str:

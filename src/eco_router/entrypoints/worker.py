@@ -1,28 +1,39 @@
-"""The worker process: the router plus a small health and metrics server."""
+"""The worker process: the router plus a small server of probes and metrics (nothing else)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Generator
 
 import uvicorn
 
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
-from eco_router.entrypoints.http.app import create_app
-from eco_router.entrypoints.runner import EXIT_TASK_KEPT_FAILING, RouterRunner, kept_failing
+from eco_router.entrypoints.http.app import create_ops_app
+from eco_router.entrypoints.runner import RouterRunner, kept_failing
+from eco_router.entrypoints.startup_checks import StartupFailure
 
 log = logging.getLogger(__name__)
 
 
 class _OpsServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the worker's stop event governs shutdown."""
+    """uvicorn without its own signal handling or exit: the worker governs its shutdown."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn exits the process when it cannot listen; the worker must close its
+        # connections and say so first (`started` stays False).
+        try:
+            await super().startup(sockets)
+        except SystemExit:
+            self.should_exit = True
 
     @property
     def bound_port(self) -> int | None:
@@ -35,7 +46,7 @@ class _OpsServer(uvicorn.Server):
 async def serve(container: Container, stop: asyncio.Event) -> None:
     """Run until `stop` is set, then drain and close; tests drive this directly."""
     settings = container.settings()
-    app = create_app(container, owns_lifecycle=False)
+    app = create_ops_app(container)
     config = uvicorn.Config(
         app,
         host=settings.http_host,
@@ -51,7 +62,11 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         while not server.started and not http.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if not server.started:
-            raise RuntimeError(f"cannot serve HTTP on {settings.http_host}:{settings.http_port}")
+            # uvicorn has logged why (e.g. the port is taken).
+            raise StartupFailure(
+                f"cannot listen on {settings.http_host}:{settings.http_port}",
+                ExitCode.UNREACHABLE,
+            )
         settle_garbage_collector()
         log.info(
             "worker %s ready; health and metrics on http://%s:%s",
@@ -68,6 +83,6 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     await http
     if router_ended.done() and not router_ended.cancelled() and router_ended.exception():
         if kept_failing(router_ended.exception()):
-            raise SystemExit(EXIT_TASK_KEPT_FAILING)
+            raise SystemExit(ExitCode.TASK_KEPT_FAILING)
         raise RuntimeError("the router stopped on an error") from router_ended.exception()
     router_ended.cancel()

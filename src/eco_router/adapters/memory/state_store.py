@@ -9,6 +9,7 @@ from eco_router.adapters.memory.leases import LeaseTable
 from eco_router.application.errors import TransientError
 from eco_router.application.messages import Applied, EncodedEvent, JobView
 from eco_router.application.ports import Clock, StateStore
+from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.verdict import JobRecord, Judgement, judge
 
 
@@ -18,6 +19,7 @@ class _Job:
     applied_by: dict[int, str] = field(default_factory=dict)
     state: bytes | None = None
     history: list[bytes] = field(default_factory=list)
+    history_bytes: int = 0
     state_expires_ms: int = 0
     markers_expire_ms: int = 0
 
@@ -33,6 +35,7 @@ class InMemoryStateStore(StateStore):
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
+        history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
     ) -> None:
         self.available = True
         self._leases = leases
@@ -40,6 +43,7 @@ class InMemoryStateStore(StateStore):
         self._state_ttl_ms = state_ttl_s * 1000
         self._markers_ttl_ms = markers_ttl_s * 1000
         self._history_size = history_size
+        self._history_max_bytes = history_max_bytes
         self._jobs: dict[tuple[str, str], _Job] = {}
 
     async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
@@ -58,11 +62,20 @@ class InMemoryStateStore(StateStore):
                 job.last_seq = item.event.seq
                 job.applied_by[item.event.seq] = item.event.stream_id
                 job.state = item.payload
-                job.history = [*job.history, item.payload][-self._history_size :]
+                self._append(job, item.payload)
                 job.state_expires_ms = now + self._state_ttl_ms
                 job.markers_expire_ms = now + self._markers_ttl_ms
             judgements.append(judgement)
         return Applied(judgements, fenced | {e.event.stream for e in events} - set(fence))
+
+    def _append(self, job: _Job, payload: bytes) -> None:
+        """Append, then drop the oldest beyond the count or the bytes; the newest stays."""
+        job.history.append(payload)
+        job.history_bytes += len(payload)
+        while len(job.history) > 1 and (
+            len(job.history) > self._history_size or job.history_bytes > self._history_max_bytes
+        ):
+            job.history_bytes -= len(job.history.pop(0))
 
     async def view(self, domain: str, job_id: str) -> JobView:
         job = self._job(domain, job_id)
@@ -73,7 +86,7 @@ class InMemoryStateStore(StateStore):
         job = self._jobs.setdefault(key, _Job())
         now = self._clock.now_ms()
         if job.state is not None and now >= job.state_expires_ms:
-            job.state, job.history = None, []
+            job.state, job.history, job.history_bytes = None, [], 0
         if job.applied_by and now >= job.markers_expire_ms:
             job.applied_by, job.last_seq = {}, None
         return job

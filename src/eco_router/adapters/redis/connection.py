@@ -10,6 +10,8 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from eco_router.adapters.redaction import redact_url
+
 log = logging.getLogger(__name__)
 
 
@@ -56,9 +58,4 @@ async def open_redis(
 
 def redacted(url: str) -> str:
     """The URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}{sep}{user + ':***' if user else '***'}@{host}"
+    return redact_url(url)

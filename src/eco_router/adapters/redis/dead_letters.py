@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -16,9 +16,19 @@ from eco_router.adapters.dead_letter_format import (
 from eco_router.adapters.redis.errors import redis_errors, transient_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import DeadLetter
-from eco_router.application.ports import DeadLetterSink
+from eco_router.application.messages import DeadLetter, DeadLetterTally, Replayed
+from eco_router.application.ports import DeadLetterArchive, DeadLetterSink
 from eco_router.domain.streams import StreamFamily
+
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+class MissingDeadLetters(LookupError):
+    """Some ids name no dead letter; `missing` says, per id, what is wrong with it."""
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        super().__init__("; ".join(missing))
+        self.missing = list(missing)
 
 
 class RedisStreamDeadLetterSink(DeadLetterSink):
@@ -50,7 +60,7 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
                 await self._script(keys=[stream, *markers], args=args)
 
 
-class RedisDeadLetterArchive:
+class RedisDeadLetterArchive(DeadLetterArchive):
     """Reads dead letters back and replays them onto their original stream after a fix."""
 
     def __init__(self, redis: Redis) -> None:
@@ -66,7 +76,8 @@ class RedisDeadLetterArchive:
         """Put the letters (all when `dlq_ids` is None) back on their stream, then delete them.
 
         The original fields go back byte for byte under a new entry id; a replay interrupted
-        between the two steps may append twice, which the router's dedup absorbs.
+        between the two steps may append twice, which the router's dedup absorbs. When an id
+        names no dead letter, nothing is replayed: `MissingDeadLetters` lists every such id.
         """
         letters = await self._select(family, dlq_ids)
         replayed = []
@@ -82,6 +93,14 @@ class RedisDeadLetterArchive:
             replayed.append(Replayed(letter.dlq_id, letter.stream, _text(new_id)))
         return replayed
 
+    async def tally(self, family: StreamFamily) -> DeadLetterTally:
+        with transient_errors("XLEN dead letters"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xlen(family.dead_letter_stream)
+                pipe.xrevrange(family.dead_letter_stream, count=1)
+                length, newest = await pipe.execute()
+        return DeadLetterTally(int(length), _text(newest[0][0]) if newest else None)
+
     async def _select(
         self, family: StreamFamily, dlq_ids: Sequence[str] | None
     ) -> list[StoredDeadLetter]:
@@ -89,24 +108,28 @@ class RedisDeadLetterArchive:
             with transient_errors("XRANGE dead letters"):
                 entries = await self._redis.xrange(family.dead_letter_stream)
             return _letters(entries)
-        letters = []
-        for dlq_id in dlq_ids:
-            with transient_errors("XRANGE dead letter"):
-                entries = await self._redis.xrange(family.dead_letter_stream, dlq_id, dlq_id)
-            found = _letters(entries)
-            if not found:
-                raise LookupError(f"no dead letter {dlq_id} in {family.dead_letter_stream}")
-            letters += found
-        return letters
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """One dead letter put back: its dead-letter id, the stream and the new entry id."""
-
-    dlq_id: str
-    stream: str
-    new_id: str
+        wanted = list(dict.fromkeys(dlq_ids))
+        # A bare millisecond time would be read as a range: every letter of that millisecond.
+        malformed = [i for i in wanted if _ENTRY_ID.fullmatch(i) is None]
+        well_formed = [i for i in wanted if i not in malformed]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for dlq_id in well_formed:
+                pipe.xrange(family.dead_letter_stream, dlq_id, dlq_id)
+            with transient_errors("XRANGE dead letters"):
+                found = await pipe.execute() if well_formed else []
+        letters = [_letters(entries) for entries in found]
+        missing = [
+            f"{dlq_id!r} is not a dead-letter id (MILLISECONDS-SEQUENCE, as `dlq list` shows)"
+            for dlq_id in malformed
+        ]
+        missing += [
+            f"no dead letter {dlq_id} in {family.dead_letter_stream}"
+            for dlq_id, letter in zip(well_formed, letters, strict=True)
+            if not letter
+        ]
+        if missing:
+            raise MissingDeadLetters(missing)
+        return [letter for each in letters for letter in each]
 
 
 def _letters(entries: Any) -> list[StoredDeadLetter]:

@@ -11,13 +11,15 @@ from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import Applied, EncodedEvent, JobView
 from eco_router.application.ports import StateStore
+from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
 
 _JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE, ord("3"): STALE}
 
 
 class RedisLuaStateStore(StateStore):
-    """Judges and applies a whole batch with one EVALSHA of `apply_batch.lua`."""
+    """Judges and applies a whole batch with one EVALSHA of `apply_batch.lua`; a job's history
+    keeps at most `history_size` payloads and `history_max_bytes` bytes (the newest always)."""
 
     def __init__(
         self,
@@ -27,10 +29,11 @@ class RedisLuaStateStore(StateStore):
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
+        history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
     ) -> None:
         self._redis = redis
         self._script = redis.register_script(load_lua("apply_batch.lua"))
-        self._head = [state_ttl_s, markers_ttl_s, history_size]
+        self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
         self._group_keys = GroupKeys(group)
 
     async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:

@@ -10,14 +10,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from eco_router import __version__
+from eco_router.adapters.redaction import hide_access_log_tokens
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
-from eco_router.entrypoints.http import ops_routes, sse_routes
+from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
+from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
 
 log = logging.getLogger(__name__)
+
+# Demo jobs a process starts: 2 a second (bursts of 20), and one client 1 every 2 s (bursts of 5).
+DEMO_JOBS_PER_S, DEMO_JOBS_BURST = 2.0, 20
+DEMO_JOBS_PER_CLIENT_S, DEMO_JOBS_PER_CLIENT_BURST = 0.5, 5
 
 # The one place port errors become HTTP statuses.
 ERROR_STATUS: dict[type[PortError], int] = {
@@ -27,20 +33,16 @@ ERROR_STATUS: dict[type[PortError], int] = {
 }
 
 
-def create_app(
-    container: Container, *, owns_lifecycle: bool = True, route: bool = True, demo: bool = False
-) -> FastAPI:
-    """The app; when it `owns_lifecycle`, its lifespan opens the connections and, with
-    `route`, runs the router (the worker opens them and routes on its own).
+def create_app(container: Container, *, route: bool = True, demo: bool = False) -> FastAPI:
+    """The gateway (`eco-router serve`): its lifespan opens the connections and, with `route`,
+    runs the router.
 
-    `demo` enables `POST /api/v1/demo/jobs`, which the page at `/` uses to start a job.
+    `demo` enables `POST /api/v1/demo/jobs` (throttled), which the page at `/` uses to start a
+    job. `/metrics` is served only with `EVENT_ROUTER_GATEWAY_METRICS`.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not owns_lifecycle:
-            yield
-            return
         if container.settings().jwt_secret is None:
             log.warning(
                 "EVENT_ROUTER_JWT_SECRET is not set: every job's events are open to everyone"
@@ -54,12 +56,25 @@ def create_app(
                 demo_jobs = await resolve(container.start_demo_job())
                 await demo_jobs.aclose()
 
+    hide_access_log_tokens()
     app = FastAPI(title="eco-router", version=__version__, lifespan=lifespan)
     app.state.container = container
     app.state.demo = demo
     container.wire(modules=[ops_routes, sse_routes])
     app.include_router(ops_routes.router)
+    if container.settings().gateway_metrics:
+        app.include_router(ops_routes.metrics_router)
     app.include_router(sse_routes.router)
+    console_routes.install(app, container)
+    app.include_router(favicon_routes.router)
+    if demo:
+        throttle = Throttle(
+            rate=DEMO_JOBS_PER_S,
+            burst=DEMO_JOBS_BURST,
+            client_rate=DEMO_JOBS_PER_CLIENT_S,
+            client_burst=DEMO_JOBS_PER_CLIENT_BURST,
+        )
+        app.add_middleware(DemoJobThrottle, throttle=throttle)
 
     @app.exception_handler(PortError)
     async def port_error(request: Request, error: PortError) -> JSONResponse:
@@ -70,12 +85,31 @@ def create_app(
     return app
 
 
+def create_ops_app(container: Container) -> FastAPI:
+    """The worker's port: `/health`, `/ready` and `/metrics` only, no job data and no page.
+
+    The worker opens the connections and routes on its own, so this app has no lifespan.
+    """
+    app = FastAPI(
+        title="eco-router worker",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    container.wire(modules=[ops_routes])
+    app.include_router(ops_routes.router)
+    app.include_router(ops_routes.metrics_router)
+    return app
+
+
 async def end_streams(app: FastAPI) -> None:
     """Shutting down: end every open SSE stream now; clients resume on another process.
 
     Streams do not end by themselves, so the server would otherwise wait out its graceful
     shutdown timeout and then cut them.
     """
+    console_routes.end_streams(app)
     container: Container = app.state.container
     if container.event_feed.initialized:
         feed = await resolve(container.event_feed())

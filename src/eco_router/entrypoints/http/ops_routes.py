@@ -1,4 +1,4 @@
-"""Liveness, readiness and metrics routes."""
+"""Liveness and readiness (`router`) and metrics (`metrics_router`, included where exposed)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from eco_router.application.check_readiness import CheckReadiness
 from eco_router.entrypoints.container import Container
 
 router = APIRouter()
+metrics_router = APIRouter()
 
 
 @router.get("/health")
@@ -28,7 +29,7 @@ async def ready(
     return readiness_response(await check())
 
 
-@router.get("/metrics")
+@metrics_router.get("/metrics")
 @inject
 async def metrics(
     registry: CollectorRegistry = Depends(Provide[Container.metrics_registry]),  # noqa: B008

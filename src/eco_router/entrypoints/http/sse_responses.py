@@ -40,7 +40,7 @@ async def job_event_stream(
         if not resume.isascii() or not resume.isdigit():
             raise HTTPException(422, "Last-Event-ID must be a non-negative integer (a seq)")
         after = int(resume)
-    authorizer.authorize(bearer_token(request, cookie), job_id)
+    authorizer.authorize(bearer_token(request, cookie), job_id, domain=domain)
     if await stream.already_ended(domain, job_id, after):
         return Response(status_code=204)
     return StreamingResponse(

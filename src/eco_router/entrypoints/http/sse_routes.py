@@ -87,13 +87,13 @@ async def start_demo_job(
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
     job_id = await start(fail=fail)
+    domain = settings.domains[0]
     if isinstance(authorizer, JwtAuthorizer):
         # The page's EventSource sends cookies, not headers: give it a token for this job.
-        token = authorizer.issue([job_id], ttl_s=DEMO_TOKEN_TTL_S)
+        token = authorizer.issue(domain, [job_id], ttl_s=DEMO_TOKEN_TTL_S)
         response.set_cookie(
             settings.jwt_cookie, token, max_age=DEMO_TOKEN_TTL_S, httponly=True, samesite="strict"
         )
-    domain = settings.domains[0]
     return {"job_id": job_id, "domain": domain, "events": f"/api/v1/{domain}/{job_id}/events"}
 
 

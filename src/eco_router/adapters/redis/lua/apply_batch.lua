@@ -2,8 +2,9 @@
 -- token still holds.
 -- KEYS: the fencing epoch of each shard written, then per job three keys: state, history,
 --       applied-markers hash (fields: seq -> id of the entry that applied it, plus "last" ->
---       newest applied seq).
--- ARGV: state_ttl_s, markers_ttl_s, history_size, number of shards, each shard's token,
+--       newest applied seq and "history_bytes" -> the history's total payload bytes).
+-- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, number of shards, each
+--       shard's token,
 --       each job's shard (1-based), then per event four values: job index (1-based into the
 --       key triples), seq, entry id, payload. A job's events arrive in seq order; jobs may
 --       interleave.
@@ -16,14 +17,15 @@
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
-local shards = tonumber(ARGV[4])
-local jobs_at = 4 + shards
+local history_max_bytes = tonumber(ARGV[4])
+local shards = tonumber(ARGV[5])
+local jobs_at = 5 + shards
 local events_at = jobs_at + (#KEYS - shards) / 3 + 1
 
 local fenced = {}
 local fenced_list = {}
 for shard = 1, shards do
-  if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[4 + shard] then
+  if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[5 + shard] then
     fenced[shard] = true
     fenced_list[#fenced_list + 1] = shard
   end
@@ -68,17 +70,17 @@ local codes = {}
 local function apply_job(job, offsets)
   local base = shards + job * 3
   local markers = KEYS[base]
-  local fields = { 'last' }
+  local fields = { 'last', 'history_bytes' }
   for n, i in ipairs(offsets) do
-    fields[n + 1] = ARGV[i + 1]
+    fields[n + 2] = ARGV[i + 1]
   end
   local known = call_chunked('HMGET', markers, fields)
   local last = known[1] or '-1'
   local last_n = tonumber(last)
   local applied_by = {}
   for n, i in ipairs(offsets) do
-    if known[n + 1] then
-      applied_by[ARGV[i + 1]] = known[n + 1]
+    if known[n + 2] then
+      applied_by[ARGV[i + 1]] = known[n + 2]
     end
   end
 
@@ -109,14 +111,42 @@ local function apply_job(job, offsets)
   if #payloads > 0 then
     local history = KEYS[base - 1]
     redis.call('SET', KEYS[base - 2], payloads[#payloads], 'EX', state_ttl)
+    local bytes = 0
+    for _, payload in ipairs(payloads) do
+      bytes = bytes + #payload
+    end
     local length = call_chunked('RPUSH', history, payloads)
+    if length > #payloads then
+      if known[2] then
+        bytes = bytes + tonumber(known[2])
+      else
+        -- A history written before its bytes were counted: count it once.
+        bytes = 0
+        for _, payload in ipairs(redis.call('LRANGE', history, 0, -1)) do
+          bytes = bytes + #payload
+        end
+      end
+    end
+    -- Only what is dropped is read, so the cost follows what was appended, not the history.
     if length > history_size then
+      local dropped = redis.call('LRANGE', history, 0, length - history_size - 1)
+      for _, payload in ipairs(dropped) do
+        bytes = bytes - #payload
+      end
       redis.call('LTRIM', history, -history_size, -1)
+      length = history_size
+    end
+    -- The newest event always stays, however large: the state names it anyway.
+    while bytes > history_max_bytes and length > 1 do
+      bytes = bytes - #redis.call('LPOP', history)
+      length = length - 1
     end
     redis.call('EXPIRE', history, state_ttl)
     -- `last` stays the seq's own string: Lua would print a large number in exponent form.
     marks[#marks + 1] = 'last'
     marks[#marks + 1] = last
+    marks[#marks + 1] = 'history_bytes'
+    marks[#marks + 1] = bytes
     call_chunked('HSET', markers, marks)
     redis.call('EXPIRE', markers, markers_ttl)
   end

@@ -1,0 +1,47 @@
+"""Putting dead letters back on their stream once the cause is fixed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from eco_router.application.dead_letter_listing import DeadLetterFilter
+from eco_router.application.domains import family_named
+from eco_router.application.messages import Replayed
+from eco_router.application.ports import DeadLetterArchive
+from eco_router.domain.streams import StreamFamily
+
+
+class ReplayDeadLetters:
+    """Replays chosen dead letters of one domain.
+
+    - Either by id (every id must be there, else `LookupError` naming it and nothing is
+      replayed) or every letter matching a filter among the oldest `scan` (none matching
+      replays nothing).
+    - Each letter goes back byte for byte under a new entry id and leaves the dead-letter
+      stream; the router judges it again, and its dedup absorbs a replay repeated after an
+      interruption.
+    """
+
+    def __init__(self, *, archive: DeadLetterArchive, families: Sequence[StreamFamily]) -> None:
+        self._archive = archive
+        self._families = tuple(families)
+
+    async def __call__(
+        self,
+        domain: str,
+        *,
+        ids: Sequence[str] | None = None,
+        matching: DeadLetterFilter | None = None,
+        scan: int = 1000,
+    ) -> list[Replayed]:
+        family = family_named(self._families, domain)
+        if (ids is None) == (matching is None):
+            raise ValueError("give dead-letter ids or a filter, not both and not neither")
+        if ids is not None:
+            if not ids:
+                raise ValueError("no dead-letter id given")
+            return await self._archive.replay(family, list(dict.fromkeys(ids)))
+        assert matching is not None
+        letters = await self._archive.oldest(family, count=scan)
+        chosen = [letter.dlq_id for letter in letters if matching.matches(letter)]
+        return await self._archive.replay(family, chosen) if chosen else []

@@ -1,0 +1,275 @@
+"""The operator console in a real browser: shards and routers live, dead letters appear as
+they happen and are replayed, a job is looked up.
+
+`eco-router serve` with the console on runs as a subprocess on a redis-server the fixture
+starts; the test writes entries to it directly, as a producer (or a broken one) would.
+Debian's chromium is driven headless through Playwright, as in test_demo_page.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+import pytest
+from playwright.sync_api import Browser, Page, expect
+from redis import Redis
+
+from eco_router.domain.streams import StreamFamily
+from eco_router.testing import RedisServer
+from tests.browser.test_demo_page import (
+    JOB_TIMEOUT_MS,
+    _free_port,
+    _serve_command,
+    _wait_for_health,
+    browser,
+)
+
+__all__ = ["browser"]  # the shared chromium fixture, used by the tests below
+
+SCAN = StreamFamily("scan:events", 4)
+ROUTER = "browser-router"
+SECRET = "browser-console-secret-" + "s" * 41
+
+
+@dataclass(frozen=True)
+class ConsoleServer:
+    base_url: str
+    redis: Redis
+
+
+@contextmanager
+def serving_console(log: Path, **env: str) -> Iterator[ConsoleServer]:
+    """`eco-router serve` with the console on, routing a redis-server of its own."""
+    port = _free_port()
+    with RedisServer() as server:
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))
+        }
+        environment |= {
+            "REDIS_STREAMS_URL": server.url,
+            "EVENT_ROUTER_CONSOLE": "true",
+            "EVENT_ROUTER_CONSOLE_REFRESH_S": "0.5",
+            "EVENT_ROUTER_CONSUMER_NAME": ROUTER,
+            "EVENT_ROUTER_READ_BLOCK_MS": "100",
+            **env,
+        }
+        command = [*_serve_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                command,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        base_url = f"http://127.0.0.1:{port}"
+        redis = Redis.from_url(server.url)
+        try:
+            _wait_for_health(process, base_url, log)
+            yield ConsoleServer(base_url, redis)
+        finally:
+            redis.close()
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@pytest.fixture(scope="module")
+def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleServer]:
+    """Open to everyone (no JWT secret), as `make run` serves it."""
+    with serving_console(tmp_path_factory.mktemp("console") / "serve.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def secured_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleServer]:
+    """With a JWT secret: the console needs an admin token."""
+    log = tmp_path_factory.mktemp("secured-console") / "serve.log"
+    with serving_console(log, EVENT_ROUTER_JWT_SECRET=SECRET) as server:
+        yield server
+
+
+@pytest.fixture
+def page(browser: Browser, console_server: ConsoleServer) -> Iterator[Page]:
+    """The console, freshly loaded in its own browser context."""
+    context = browser.new_context(base_url=console_server.base_url)
+    context.set_default_timeout(JOB_TIMEOUT_MS)
+    opened = context.new_page()
+    opened.goto("/console")
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def job_on(shard: int, stem: str) -> str:
+    """A job id of `stem` that lands on `shard` of the scan family."""
+    n = 0
+    while SCAN.stream_for(f"{stem}-{n}") != SCAN.streams[shard]:
+        n += 1
+    return f"{stem}-{n}"
+
+
+def dead_letter_rows(page: Page, job: str) -> list[str]:
+    """The dead-letter ids of the rows listing `job`, top to bottom."""
+    ids: list[str] = page.locator("#dl-table tbody tr", has_text=job).evaluate_all(
+        "rows => rows.map(row => row.dataset.dlqId)"
+    )
+    return ids
+
+
+class TestThePipeline:
+    def test_every_shard_appears_with_the_router_holding_it(self, page: Page) -> None:
+        for stream in SCAN.streams:
+            holder = page.locator(f'tr[data-stream="{stream}"] .holder')
+            expect(holder).to_have_text(ROUTER)
+        expect(page.locator(".domain[data-domain='scan'] table.shards tbody tr")).to_have_count(4)
+        router = page.locator(f'#routers tr[data-router="{ROUTER}"]')
+        expect(router).to_contain_text("scan:events:0")
+        expect(page.locator("#t-held")).to_have_text("4 / 4")
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+
+class TestDeadLetters:
+    def test_a_dead_letter_appears_live_and_replay_hands_it_back_to_the_router(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+        job = job_on(1, "browser-broken")
+
+        console_server.redis.xadd(SCAN.streams[1], {"job_id": job, "seq": "x"})
+
+        row = page.locator("#dl-table tbody tr", has_text=job)
+        expect(row).to_have_count(1)
+        expect(row.locator(".reason")).to_have_text("seq_not_integer")
+        (first,) = dead_letter_rows(page, job)
+
+        row.get_by_role("button", name="Replay").click()
+
+        expect(page.locator("#dl-notice")).to_contain_text(f"Replayed {first}")
+        expect(page.locator(f'#dl-table tr[data-dlq-id="{first}"]')).to_have_count(0)
+        # Replayed byte for byte, it is still invalid: the router judges it again and the new
+        # letter appears live under a new id.
+        expect(row).to_have_count(1)
+        assert dead_letter_rows(page, job) != [first]
+
+    def test_the_filter_and_replay_all_matching_then_the_job_shows_its_history(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(2, "browser-fixed")
+        other = job_on(2, "browser-other")
+        for name in (job, other):
+            console_server.redis.xadd(SCAN.dead_letter_stream, _letter_of(name, SCAN.streams[2]))
+        expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(1)
+
+        page.get_by_label("filter dead letters").fill(job)
+
+        expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(0)
+        expect(page.locator("#dl-table tbody tr")).to_have_count(1)
+        replay_all = page.get_by_role("button", name="Replay all matching")
+        replay_all.click()
+        page.get_by_role("button", name="Click again to replay").click()
+        expect(page.locator("#dl-notice")).to_contain_text("Replayed")
+        expect(page.locator("#dl-empty")).to_be_visible()
+
+        page.get_by_label("job id").fill(job)
+        page.get_by_role("button", name="Look up").click()
+
+        expect(page.locator("#job-status")).to_have_text("completed")
+        expect(page.locator("#job-history tbody tr")).to_have_count(1)
+        expect(page.locator("#job-history tbody tr").first).to_have_attribute("data-seq", "7")
+        expect(page.locator("#job-history tbody tr").first).to_contain_text("vision")
+        # The other job's letter was not replayed.
+        page.get_by_label("filter dead letters").fill("")
+        expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(1)
+
+    def test_stored_strings_are_shown_as_text_never_as_markup(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(3, "browser-markup")
+        markup = '<img src=x onerror="window.__pwned=1"><b>bold</b>'
+
+        console_server.redis.xadd(SCAN.streams[3], {"job_id": job, "seq": "1", "result": markup})
+
+        row = page.locator("#dl-table tbody tr", has_text=job)
+        expect(row).to_have_count(1)
+        expect(row.locator(".reason")).to_have_text("result_not_json")
+        row.locator("summary").click()
+        expect(row.locator("pre.fields")).to_contain_text(markup)
+        assert row.locator("img, b").count() == 0
+        assert page.evaluate("window.__pwned") is None
+
+
+class TestJobLookup:
+    def test_an_unknown_job_says_so(self, page: Page) -> None:
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+        page.get_by_label("job id").fill("nobody-here")
+        page.get_by_role("button", name="Look up").click()
+
+        expect(page.locator("#job-notice")).to_contain_text("unknown or expired")
+        expect(page.locator("#job-result")).to_be_hidden()
+
+
+class TestSigningIn:
+    def test_a_viewer_token_is_turned_away_and_an_admin_token_opens_the_console(
+        self, browser: Browser, secured_console: ConsoleServer
+    ) -> None:
+        context = browser.new_context(base_url=secured_console.base_url)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            page.goto("/console")
+            expect(page.locator("#signin")).to_be_visible()
+            expect(page.locator("#console")).to_be_hidden()
+
+            page.get_by_label("admin token").fill(_token(jobs=["*"]))
+            page.get_by_role("button", name="Sign in").click()
+            expect(page.locator("#signin-error")).to_contain_text("not an admin token")
+
+            page.get_by_label("admin token").fill(_token(admin=True))
+            page.get_by_role("button", name="Sign in").click()
+
+            expect(page.locator("#console")).to_be_visible()
+            expect(page.locator(f'tr[data-stream="{SCAN.streams[0]}"] .holder')).to_have_text(
+                ROUTER
+            )
+            # The live stream (an EventSource, which sends the cookie and no header) is let in.
+            expect(page.locator("#live")).to_have_attribute("data-state", "live")
+            (cookie,) = [c for c in context.cookies() if c["name"] == "eco_router_token"]
+            assert cookie["httpOnly"] is True
+        finally:
+            context.close()
+
+
+def _token(**claims: object) -> str:
+    return jwt.encode({"exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256")
+
+
+def _letter_of(job: str, stream: str) -> dict[str, str]:
+    """A dead letter, as the router writes one, of a valid event (its cause since fixed)."""
+    return {
+        "stream": stream,
+        "id": "1700000000000-0",
+        "reason": "max_deliveries",
+        "detail": "delivered 5 times",
+        "deliveries": "5",
+        "dead_at_ms": "1700000000000",
+        "field:job_id": job,
+        "field:seq": "7",
+        "field:stage": "vision",
+        "field:status": "completed",
+        "field:progress": "25",
+    }
