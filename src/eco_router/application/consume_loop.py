@@ -120,13 +120,17 @@ class ConsumeLoop:
                     self.health.troubled("consumer", error)
                     unsettled, failed = batch, True
                 except PermanentError as error:
-                    if error.key not in self._family_of:
-                        raise
-                    # Refused for good on one shard (its ack): the rest of the batch settled.
-                    self.health.quarantine(error.key, error)
                     self._held.put_down(streams_of(batch))
-                    self._finishing.discard(error.key)
                     unsettled = ()
+                    if error.key in self._family_of:
+                        # Refused for good on one shard (its ack): the rest of the batch settled.
+                        self.health.quarantine(error.key, error)
+                        self._finishing.discard(error.key)
+                    else:
+                        # A job's key, say: poison for the reclaimer, like any other error.
+                        log.error("routing refused, the batch stays pending: %s", error)
+                        self._finishing.clear()
+                        failed = True
                 except Exception:
                     log.exception("routing failed; the batch stays pending for the reclaimer")
                     self._held.put_down(streams_of(batch))

@@ -77,7 +77,11 @@ class ReclaimPending:
             try:
                 total += await self._shard(stream, token)
             except PermanentError as error:
-                self._health.quarantine(stream, error)
+                if error.key == stream:
+                    self._health.quarantine(stream, error)
+                else:
+                    # A job's key, say: its entries stay pending and end as dead letters.
+                    log.error("reclaiming %s refused: %s", stream, error)
             except TransientError as error:
                 self._health.troubled("reclaimer", error)
                 failed = True

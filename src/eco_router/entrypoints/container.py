@@ -137,6 +137,7 @@ class Container(containers.DeclarativeContainer):
         metrics=metrics,
         clock=clock,
         renew_s=settings.provided.lease_renew_s,
+        health=router_health,
     )
     consume_loop = providers.Singleton(
         ConsumeLoop,
