@@ -173,16 +173,22 @@ class ConsumeLoop:
         """Try the quarantined shards that are due: once the group can be created, a held
         one is taken over again (its claim and reads tell whether it works); one held
         elsewhere works as far as this router can tell."""
+        # A shard given up while it was being tried is no longer this router's to judge.
+        self.health.worked(s for s in self.health.probing() if not self._routing(s))
         for stream in self.health.due():
             broken = await self._source.prepare([stream])
             if stream in broken:
                 self.health.quarantine(stream, broken[stream])
                 continue
             self.health.probe(stream)
-            if stream in self._held:
+            if self._routing(stream):
                 self._held.take_over_again([stream])
             else:
                 self.health.worked([stream])
+
+    def _routing(self, stream: str) -> bool:
+        held = self._held.get(stream)
+        return held is not None and held.phase is not Phase.RELEASING
 
     async def _next_batch(self, stop: asyncio.Event) -> tuple[list[Delivery], Fence]:
         if self._prefetch is not None:

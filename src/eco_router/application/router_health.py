@@ -84,6 +84,10 @@ class RouterHealth:
         waiting = [q.retry_at_s for q in self._quarantined.values() if not q.probing]
         return max(0.0, min(waiting) - self._clock.monotonic()) if waiting else None
 
+    def probing(self) -> list[str]:
+        """The quarantined shards being tried right now."""
+        return [s for s, q in self._quarantined.items() if q.probing]
+
     def probe(self, stream: str) -> None:
         """`stream` is being tried again: read or claim it, once."""
         known = self._quarantined.get(stream)

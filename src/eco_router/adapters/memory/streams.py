@@ -97,6 +97,10 @@ class InMemoryStreams:
         self._streams.pop(stream, None)
         self._not_streams.discard(stream)
 
+    def destroy_group(self, stream: str, group: str) -> None:
+        """XGROUP DESTROY: the group and its pending list go, the entries stay."""
+        self._streams.get(stream, Stream()).groups.pop(group, None)
+
     def create_group(self, stream: str, group: str, at: str = "0-0") -> bool:
         """Create the group at id `at` (MKSTREAM); False when it already exists."""
         self._check_type(stream)
