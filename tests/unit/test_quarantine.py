@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import pytest
 
+from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PermanentError, TransientError
+from eco_router.application.messages import Applied, EncodedEvent
 from eco_router.application.router_health import RouterHealth
 from tests.unit.factories import Harness, eventually
 
@@ -121,3 +123,31 @@ class TestRouterHealth:
         assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
         assert troubled == {"consumer": "retrying: OOM command not allowed"}
         assert health.checks() == {"consumer": "ok"}
+
+
+class BrokenJobStore(InMemoryStateStore):
+    """A state store whose keys of one job hold the wrong type: every batch with it fails."""
+
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+        if any(item.event.job_id == "broken-job" for item in events):
+            raise PermanentError("", "apply batch: WRONGTYPE Operation against a key")
+        return await super().apply(events, fence)
+
+
+class TestAJobKeyOfTheWrongType:
+    async def test_its_batch_stays_pending_and_no_shard_is_quarantined(self) -> None:
+        h = Harness()
+        h.store = BrokenJobStore(
+            clock=h.clock, leases=h.leases, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+        )
+        loop = h.consume_loop()
+
+        async with running(loop):
+            h.xadd("broken-job", 1)
+            await eventually(lambda: h.groups_ready() and len(h.pending()) == 1)
+            h.xadd("job-2", 1)
+            await eventually(lambda: h.published_seqs("job-2") == [1])
+
+        assert [p.consumer for p in h.pending().values()] == [h.consumer]
+        assert not any(name.startswith("shard ") for name in loop.health.checks())
+        assert h.metrics.quarantined == set()
