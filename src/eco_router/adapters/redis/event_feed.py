@@ -73,6 +73,10 @@ class RedisPubSubEventFeed(EventFeed):
     def channels(self) -> int:
         return len(self._viewers)
 
+    def queue_lengths(self) -> list[int]:
+        """How many events each viewer has waiting now (each at most the queue size)."""
+        return [len(v.queue) for viewers in self._viewers.values() for v in viewers]
+
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read(), name="pubsub-feed")
 
