@@ -109,3 +109,32 @@ class TestClientsThatStopReading:
         assert "snapshot" in [e.event for e in events[1:]]
         assert (events[-1].event, events[-1].seq) == ("done", 6000)
         assert [e.event for e in events].count("done") == 1
+
+
+class TestPubSubDown:
+    async def test_a_stream_opened_while_pubsub_is_down_is_503_and_opens_once_it_is_back(
+        self, served: ServedGateway, pubsub_server: RedisServer, pubsub_redis: Redis
+    ) -> None:
+        feed = await served.feed()
+        assert isinstance(feed, RedisPubSubEventFeed)
+        job = new_job("pubsub-down")
+        pubsub_server.stop()
+        async with sse_client(served.base_url) as http:
+            refused = await http.get(events_path(job), headers={"Accept": "text/event-stream"})
+            channels_while_down = feed.channels
+            pubsub_server.start()
+            async with open_sse(http, events_path(job)) as stream:
+                status_once_back = stream.status_code
+                [snapshot] = await stream.read(1)
+                await pubsub_redis.publish(
+                    f"{CHANNEL_PREFIX}:{job}", payload(job, 1, status="done")
+                )
+                # (a snapshot may come first: the feed's reconnect is treated as a gap)
+                rest = await stream.read()
+
+        assert refused.status_code == 503, refused.json()
+        assert refused.headers["Retry-After"] == "5"
+        assert "subscribe" in refused.json()["detail"], refused.json()
+        assert channels_while_down == 0  # nothing left behind by the refused request
+        assert (status_once_back, snapshot.event) == (200, "snapshot")
+        assert [(e.id, e.event) for e in rest if e.event != "snapshot"] == [("1", "done")]
