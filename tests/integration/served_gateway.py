@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import uvicorn
+from fastapi import FastAPI
 
 from eco_router.entrypoints.container import Container, build_container
 from eco_router.entrypoints.http.app import create_app, end_streams
@@ -26,6 +27,7 @@ from tests.integration.support import CHANNEL_PREFIX, FAMILIES_SPEC, eventually
 class ServedGateway:
     base_url: str
     container: Container
+    app: FastAPI
 
     async def feed(self) -> object:
         return await resolve(self.container.event_feed())
@@ -60,7 +62,7 @@ async def served_gateway(settings: Settings) -> AsyncIterator[ServedGateway]:
     try:
         await eventually(lambda: server.started or task.done(), what="server started")
         assert server.started, "the served gateway did not start"
-        yield ServedGateway(f"http://127.0.0.1:{port}", container)
+        yield ServedGateway(f"http://127.0.0.1:{port}", container, app)
     finally:
         server.should_exit = True
         await end_streams(app)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -16,7 +19,8 @@ from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.testing import RedisServer
 from tests.integration.served_gateway import ServedGateway, gateway_settings, served_gateway
 from tests.integration.sse_client import open_sse, sse_client
-from tests.integration.support import CHANNEL_PREFIX
+from tests.integration.support import CHANNEL_PREFIX, eventually
+from tests.integration.test_gateway import Gateway, Gateways
 
 QUEUE_SIZE = 256  # the documented default of EVENT_ROUTER_SSE_QUEUE_SIZE
 
@@ -35,6 +39,13 @@ async def served(
 ) -> AsyncIterator[ServedGateway]:
     async with served_gateway(gateway_settings(streams_server.url, pubsub_server.url)) as gateway:
         yield gateway
+
+
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[Gateways]:
+    launcher = Gateways(tmp_path)
+    yield launcher
+    launcher.stop_all()
 
 
 def new_job(stem: str) -> str:
@@ -138,3 +149,139 @@ class TestPubSubDown:
         assert channels_while_down == 0  # nothing left behind by the refused request
         assert (status_once_back, snapshot.event) == (200, "snapshot")
         assert [(e.id, e.event) for e in rest if e.event != "snapshot"] == [("1", "done")]
+
+
+# --- slow and idle connections, on an `eco-router serve` process -------------------------------
+
+# Short timeouts keep the tests short; what they check does not depend on the values.
+QUICK_TIMEOUTS = {
+    "EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S": "1",
+    "EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S": "1",
+}
+# Only bounds how long a test waits for the server to act; never what it asserts.
+PATIENCE_S = 20
+
+
+@pytest.fixture
+def quick_gateway(
+    gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+) -> Gateway:
+    return gateways.start(
+        streams_url=streams_server.url, pubsub_url=pubsub_server.url, **QUICK_TIMEOUTS
+    )
+
+
+@contextlib.asynccontextmanager
+async def raw_connection(
+    base_url: str,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    host, port = base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    try:
+        return await asyncio.wait_for(reader.read(), PATIENCE_S)
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open {PATIENCE_S} s") from None
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n"
+
+
+class TestSlowClients:
+    async def test_a_connection_that_never_finishes_its_headers_is_closed(
+        self, quick_gateway: Gateway
+    ) -> None:
+        async with (
+            raw_connection(quick_gateway.base_url) as (partial, partial_writer),
+            raw_connection(quick_gateway.base_url) as (silent, _),
+        ):
+            partial_writer.write(b"GET /health HTTP/1.1\r\nHost: gateway\r\nX-Slow: a")
+            await partial_writer.drain()
+
+            assert await closed_by_server(partial) == b""
+            assert await closed_by_server(silent) == b""
+        async with sse_client(quick_gateway.base_url) as http:
+            assert (await http.get("/health")).status_code == 200
+
+    async def test_a_kept_alive_connection_that_starts_a_request_and_stalls_is_closed(
+        self, quick_gateway: Gateway
+    ) -> None:
+        async with raw_connection(quick_gateway.base_url) as (reader, writer):
+            writer.write(HEALTH)
+            await writer.drain()
+            status_line = await asyncio.wait_for(reader.readline(), PATIENCE_S)
+            writer.write(b"GET /health HTTP/1.1\r\nHo")
+            await writer.drain()
+            rest = await closed_by_server(reader)
+
+        assert status_line.startswith(b"HTTP/1.1 200")
+        assert rest.count(b"HTTP/1.1") == 0  # the stalled request got no answer
+
+    async def test_an_idle_kept_alive_connection_is_closed(self, quick_gateway: Gateway) -> None:
+        async with raw_connection(quick_gateway.base_url) as (reader, writer):
+            writer.write(HEALTH)
+            await writer.drain()
+            answered = await closed_by_server(reader)
+
+        assert answered.startswith(b"HTTP/1.1 200")
+
+    async def test_past_the_connection_cap_a_request_is_503_until_connections_close(
+        self, gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        gateway = gateways.start(
+            streams_url=streams_server.url,
+            pubsub_url=pubsub_server.url,
+            EVENT_ROUTER_HTTP_MAX_CONNECTIONS="3",
+            **QUICK_TIMEOUTS,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            held = [
+                await stack.enter_async_context(raw_connection(gateway.base_url)) for _ in "abc"
+            ]
+            async with raw_connection(gateway.base_url) as (reader, writer):
+                writer.write(HEALTH)
+                await writer.drain()
+                refused = await closed_by_server(reader)
+            for reader, _ in held:  # they sent nothing: the header timeout closes them
+                assert await closed_by_server(reader) == b""
+        async with sse_client(gateway.base_url) as http:
+            after = await http.get("/health")
+
+        assert refused.startswith(b"HTTP/1.1 503")
+        assert after.status_code == 200
+
+
+class TestStreamsPerClient:
+    async def test_past_the_cap_per_address_a_stream_is_429_until_one_closes(
+        self, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        settings = gateway_settings(streams_server.url, pubsub_server.url, sse_max_per_client=2)
+        async with (
+            served_gateway(settings) as served,
+            sse_client(served.base_url) as http,
+            open_sse(http, events_path(new_job("first"))) as first,
+        ):
+            async with open_sse(http, events_path(new_job("second"))) as second:
+                [snapshot] = await second.read(1)
+                async with open_sse(http, events_path(new_job("third"))) as third:
+                    refused = (third.status_code, third.response.headers.get("Retry-After"))
+                assert refused == (429, "5")
+            await eventually(lambda: served_streams(served) == 1, what="the second one released")
+            async with open_sse(http, events_path(new_job("again"))) as again:
+                status_again = again.status_code
+
+        assert (first.status_code, snapshot.event) == (200, "snapshot")
+        assert status_again == 200
+
+
+def served_streams(served: ServedGateway) -> int:
+    return int(served.app.state.client_streams.open_streams("127.0.0.1"))
