@@ -25,7 +25,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._closed = Counter(
             "event_router_gateway_connections_closed",
-            "SSE connections closed, by reason (done, error, timeout, disconnect, shutdown).",
+            "SSE connections closed by reason: done, failed, timeout, disconnect, shutdown, error.",
             ["reason"],
             registry=registry,
         )
