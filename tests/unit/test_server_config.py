@@ -1,0 +1,81 @@
+"""The limits `serve` gives uvicorn, from the settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+
+import pytest
+from fastapi import FastAPI
+
+from eco_router.entrypoints.http.server_config import (
+    HeaderTimeoutProtocol,
+    server_config,
+    warn_if_fds_are_short,
+)
+from eco_router.entrypoints.settings import ConfigError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("EVENT_ROUTER_", "REDIS_")):
+            monkeypatch.delenv(name)
+
+
+class TestSettings:
+    def test_the_client_bounds_default_to_the_documented_values(self) -> None:
+        settings = load_settings()
+
+        assert (
+            settings.sse_max_per_client,
+            settings.http_max_connections,
+            settings.http_header_timeout_s,
+            settings.http_idle_timeout_s,
+        ) == (32, 1000, 10, 5)
+
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("EVENT_ROUTER_SSE_MAX_PER_CLIENT", "0"),
+            ("EVENT_ROUTER_HTTP_MAX_CONNECTIONS", "0"),
+            ("EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S", "0"),
+            ("EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S", "soon"),
+        ],
+    )
+    def test_a_bound_that_would_refuse_everything_is_refused(
+        self, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    ) -> None:
+        monkeypatch.setenv(variable, value)
+
+        with pytest.raises(ConfigError, match=variable):
+            load_settings()
+
+
+class TestServerConfig:
+    def test_the_settings_become_uvicorns_limits_and_the_header_timeout(self) -> None:
+        settings = load_settings(
+            http_max_connections=50, http_header_timeout_s=2.5, http_idle_timeout_s=3
+        )
+
+        config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
+
+        assert config.http is HeaderTimeoutProtocol
+        assert config.header_timeout_s == 2.5
+        assert config.timeout_keep_alive == 3
+        # uvicorn refuses once this many are open, the asking one included: 50 are served.
+        assert config.limit_concurrency == 51
+
+    def test_a_cap_above_the_open_file_limit_is_warned_about(
+        self, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+        with caplog.at_level(logging.WARNING):
+            warn_if_fds_are_short(900)
+            quiet = list(caplog.records)
+            warn_if_fds_are_short(1000)
+
+        assert quiet == []
+        [warning] = caplog.records
+        assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=1000" in warning.getMessage()
