@@ -259,6 +259,28 @@ class TestSlowClients:
         assert refused.startswith(b"HTTP/1.1 503")
         assert after.status_code == 200
 
+    async def test_past_twice_the_cap_a_connection_is_dropped_unanswered(
+        self, gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        gateway = gateways.start(
+            streams_url=streams_server.url,
+            pubsub_url=pubsub_server.url,
+            EVENT_ROUTER_HTTP_MAX_CONNECTIONS="1",
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in "ab":  # the cap, then one past it: twice the cap in all
+                await stack.enter_async_context(raw_connection(gateway.base_url))
+            async with raw_connection(gateway.base_url) as (reader, writer):
+                writer.write(HEALTH)
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                try:
+                    answer = await closed_by_server(reader)
+                except ConnectionResetError:
+                    answer = b""
+
+        assert answer == b""
+
 
 class TestStreamsPerClient:
     async def test_past_the_cap_per_address_a_stream_is_429_until_one_closes(

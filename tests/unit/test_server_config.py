@@ -11,8 +11,8 @@ from fastapi import FastAPI
 
 from eco_router.entrypoints.http.server_config import (
     HeaderTimeoutProtocol,
+    ensure_fds_for,
     server_config,
-    warn_if_fds_are_short,
 )
 from eco_router.entrypoints.settings import ConfigError, load_settings
 
@@ -67,15 +67,60 @@ class TestServerConfig:
         # uvicorn refuses once this many are open, the asking one included: 50 are served.
         assert config.limit_concurrency == 51
 
-    def test_a_cap_above_the_open_file_limit_is_warned_about(
-        self, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
-        with caplog.at_level(logging.WARNING):
-            warn_if_fds_are_short(900)
-            quiet = list(caplog.records)
-            warn_if_fds_are_short(1000)
+    def test_past_twice_the_cap_connections_are_dropped(self) -> None:
+        config = server_config(
+            FastAPI(), load_settings(http_max_connections=50), host="127.0.0.1", port=8000
+        )
 
-        assert quiet == []
+        assert config.drop_above == 100
+
+
+class FileLimits:
+    """The process's open-file limits, as `resource` would report and set them."""
+
+    def __init__(self, soft: int, hard: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.soft, self.hard = soft, hard
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (self.soft, self.hard))
+        monkeypatch.setattr(resource, "setrlimit", self.set)
+
+    def set(self, _: int, limits: tuple[int, int]) -> None:
+        soft, hard = limits
+        if soft > self.hard or hard > self.hard:
+            raise ValueError("not allowed")
+        self.soft, self.hard = soft, hard
+
+
+class TestFileLimits:
+    def test_the_soft_limit_is_raised_for_the_cap_when_the_hard_limit_allows(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(1024, 65536, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            ensure_fds_for(1000)
+
+        assert (limits.soft, limits.hard) == (2 * 1000 + 64, 65536)
+        assert caplog.records == []
+
+    def test_a_limit_that_cannot_be_raised_enough_is_warned_about(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(256, 1024, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            ensure_fds_for(1000)
+
+        assert limits.soft == 1024
         [warning] = caplog.records
         assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=1000" in warning.getMessage()
+
+    def test_a_limit_high_enough_is_left_alone(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(100_000, 100_000, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            ensure_fds_for(1000)
+
+        assert limits.soft == 100_000
+        assert caplog.records == []

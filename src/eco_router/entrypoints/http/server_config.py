@@ -20,11 +20,25 @@ _SPARE_FDS = 64
 
 
 class GatewayConfig(uvicorn.Config):
-    """uvicorn's configuration plus the request header read timeout it lacks."""
+    """uvicorn's configuration plus the request header read timeout it lacks, and the
+    number of connections past which a new one is dropped unanswered."""
 
-    def __init__(self, app: Any, *, header_timeout_s: float, **options: Any) -> None:
-        super().__init__(app, http=HeaderTimeoutProtocol, **options)
+    def __init__(
+        self, app: Any, *, header_timeout_s: float, max_connections: int, **options: Any
+    ) -> None:
+        # uvicorn answers 503 once this many are open, counting the one asking.
+        super().__init__(
+            app, http=HeaderTimeoutProtocol, limit_concurrency=max_connections + 1, **options
+        )
         self.header_timeout_s = header_timeout_s
+        self.drop_above = hard_connection_limit(max_connections)
+
+
+def hard_connection_limit(max_connections: int) -> int:
+    """Past the cap a connection is kept just long enough to answer its request with 503;
+    past twice the cap it is closed at once, so no rate of new connections runs the
+    process out of file descriptors."""
+    return 2 * max_connections
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -40,10 +54,15 @@ class HeaderTimeoutProtocol(H11Protocol):
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self._header_timeout_s = float(getattr(config, "header_timeout_s", 10.0))
+        self._drop_above: int | None = getattr(config, "drop_above", None)
         self._header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self._drop_above is not None and len(self.connections) > self._drop_above:
+            log.debug("dropping a connection: %d open", len(self.connections))
+            transport.abort()
+            return
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -75,7 +94,7 @@ class HeaderTimeoutProtocol(H11Protocol):
 
 def server_config(app: Any, settings: Settings, *, host: str, port: int) -> GatewayConfig:
     """The uvicorn configuration of the gateway, its limits taken from `settings`."""
-    warn_if_fds_are_short(settings.http_max_connections)
+    ensure_fds_for(settings.http_max_connections)
     return GatewayConfig(
         app,
         host=host,
@@ -85,18 +104,30 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         timeout_graceful_shutdown=3,
         header_timeout_s=settings.http_header_timeout_s,
         timeout_keep_alive=settings.http_idle_timeout_s,
-        # uvicorn answers 503 once this many connections are open, counting the one asking.
-        limit_concurrency=settings.http_max_connections + 1,
+        max_connections=settings.http_max_connections,
     )
 
 
-def warn_if_fds_are_short(max_connections: int) -> None:
-    """A cap above the process's file descriptor limit would run out of descriptors first."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and max_connections + _SPARE_FDS > soft:
+def ensure_fds_for(max_connections: int) -> None:
+    """Raise the open-file soft limit as far as the hard limit allows for the connection cap
+    (and the connections dropped past it); warn if that is still not enough, since the
+    process would then run out of descriptors before it reaches its cap."""
+    needed = hard_connection_limit(max_connections) + _SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if raised > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass  # kept as it is; the warning below says what to do
+    if soft < needed:
         log.warning(
-            "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d is above what the open-file limit (%d) "
-            "allows; raise the limit (ulimit -n) or lower the cap",
+            "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files but the limit is "
+            "%d; raise it (ulimit -n) or lower the cap",
             max_connections,
+            needed,
             soft,
         )
