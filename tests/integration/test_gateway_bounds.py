@@ -281,6 +281,59 @@ class TestSlowClients:
 
         assert answer == b""
 
+    async def test_a_flood_of_connections_never_runs_out_of_file_descriptors(
+        self, tmp_path: Path, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        gateway = FewFilesGateway.launch(
+            tmp_path,
+            streams_url=streams_server.url,
+            pubsub_url=pubsub_server.url,
+            **QUICK_TIMEOUTS,
+        )
+        try:
+            host, port = gateway.base_url.removeprefix("http://").split(":")
+            flood = await asyncio.gather(
+                *(asyncio.open_connection(host, int(port)) for _ in range(FLOOD)),
+                return_exceptions=True,
+            )
+            for opened in flood:
+                if not isinstance(opened, BaseException):
+                    opened[1].close()
+            # The flood is gone (closed, or timed out at the server): served again.
+            health = await eventually(lambda: healthy(gateway.base_url), what="/health answers")
+            log = gateway.log()
+        finally:
+            gateway.stop()
+
+        assert "out of system resource" not in log  # asyncio's accept error
+        assert "Traceback" not in log
+        assert "capping connections at 64" in log  # what 256 open files allow
+        assert health
+
+
+# Twice what the process may open: without a cap that fits its open-file limit it would run
+# out of descriptors and log accept errors.
+FLOOD = 512
+
+
+class FewFilesGateway(Gateway):
+    """`eco-router serve` in a shell whose open-file limit (soft and hard) is low."""
+
+    OPEN_FILES = 256
+
+    @staticmethod
+    def command() -> list[str]:
+        limit = f"ulimit -n {FewFilesGateway.OPEN_FILES}"
+        return ["sh", "-c", f'{limit} && exec "$0" "$@"', *Gateway.command()]
+
+
+async def healthy(base_url: str) -> bool:
+    async with sse_client(base_url) as http:
+        try:
+            return (await http.get("/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
 
 class TestStreamsPerClient:
     async def test_past_the_cap_per_address_a_stream_is_429_until_one_closes(

@@ -11,7 +11,9 @@ from fastapi import FastAPI
 
 from eco_router.entrypoints.http.server_config import (
     HeaderTimeoutProtocol,
-    ensure_fds_for,
+    accept_backlog,
+    connection_cap,
+    files_needed,
     server_config,
 )
 from eco_router.entrypoints.settings import ConfigError, load_settings
@@ -73,6 +75,7 @@ class TestServerConfig:
         )
 
         assert config.drop_above == 100
+        assert config.backlog == accept_backlog(50) == 16
 
 
 class FileLimits:
@@ -97,22 +100,25 @@ class TestFileLimits:
         limits = FileLimits(1024, 65536, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            ensure_fds_for(1000)
+            cap = connection_cap(1000)
 
-        assert (limits.soft, limits.hard) == (2 * 1000 + 64, 65536)
+        assert (limits.soft, limits.hard) == (files_needed(1000), 65536)
+        assert cap == 1000
         assert caplog.records == []
 
-    def test_a_limit_that_cannot_be_raised_enough_is_warned_about(
+    def test_a_limit_that_cannot_be_raised_enough_lowers_the_cap_with_a_warning(
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         limits = FileLimits(256, 1024, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            ensure_fds_for(1000)
+            cap = connection_cap(1000)
 
         assert limits.soft == 1024
+        assert files_needed(cap) <= 1024 < files_needed(cap + 1)  # the largest that fits
         [warning] = caplog.records
         assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=1000" in warning.getMessage()
+        assert f"capping connections at {cap}" in warning.getMessage()
 
     def test_a_limit_high_enough_is_left_alone(
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -120,7 +126,7 @@ class TestFileLimits:
         limits = FileLimits(100_000, 100_000, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            ensure_fds_for(1000)
+            cap = connection_cap(1000)
 
-        assert limits.soft == 100_000
+        assert (limits.soft, cap) == (100_000, 1000)
         assert caplog.records == []

@@ -28,7 +28,11 @@ class GatewayConfig(uvicorn.Config):
     ) -> None:
         # uvicorn answers 503 once this many are open, counting the one asking.
         super().__init__(
-            app, http=HeaderTimeoutProtocol, limit_concurrency=max_connections + 1, **options
+            app,
+            http=HeaderTimeoutProtocol,
+            limit_concurrency=max_connections + 1,
+            backlog=accept_backlog(max_connections),
+            **options,
         )
         self.header_timeout_s = header_timeout_s
         self.drop_above = hard_connection_limit(max_connections)
@@ -36,9 +40,20 @@ class GatewayConfig(uvicorn.Config):
 
 def hard_connection_limit(max_connections: int) -> int:
     """Past the cap a connection is kept just long enough to answer its request with 503;
-    past twice the cap it is closed at once, so no rate of new connections runs the
-    process out of file descriptors."""
+    past twice the cap it is closed at once."""
     return 2 * max_connections
+
+
+def accept_backlog(max_connections: int) -> int:
+    """How many connections wait to be accepted, and how many asyncio accepts in one go
+    before any of them can be dropped: kept in proportion to the cap."""
+    return max(16, min(2048, max_connections // 4))
+
+
+def files_needed(max_connections: int) -> int:
+    """Open files for the cap: the connections kept, the ones accepted in the few loop
+    iterations before a dropped one is closed, and the process's own."""
+    return hard_connection_limit(max_connections) + 4 * accept_backlog(max_connections) + _SPARE_FDS
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -94,7 +109,6 @@ class HeaderTimeoutProtocol(H11Protocol):
 
 def server_config(app: Any, settings: Settings, *, host: str, port: int) -> GatewayConfig:
     """The uvicorn configuration of the gateway, its limits taken from `settings`."""
-    ensure_fds_for(settings.http_max_connections)
     return GatewayConfig(
         app,
         host=host,
@@ -104,30 +118,36 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         timeout_graceful_shutdown=3,
         header_timeout_s=settings.http_header_timeout_s,
         timeout_keep_alive=settings.http_idle_timeout_s,
-        max_connections=settings.http_max_connections,
+        max_connections=connection_cap(settings.http_max_connections),
     )
 
 
-def ensure_fds_for(max_connections: int) -> None:
-    """Raise the open-file soft limit as far as the hard limit allows for the connection cap
-    (and the connections dropped past it); warn if that is still not enough, since the
-    process would then run out of descriptors before it reaches its cap."""
-    needed = hard_connection_limit(max_connections) + _SPARE_FDS
+def connection_cap(wanted: int) -> int:
+    """The cap the open-file limit allows: the soft limit is raised as far as the hard limit
+    lets it for `wanted`; if that is not enough the cap is lowered, with a warning, so the
+    process never runs out of descriptors (accept errors) before it reaches its cap."""
+    needed = files_needed(wanted)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
+        return wanted
     raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
     if raised > soft:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
             soft = raised
         except (ValueError, OSError):
-            pass  # kept as it is; the warning below says what to do
-    if soft < needed:
-        log.warning(
-            "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files but the limit is "
-            "%d; raise it (ulimit -n) or lower the cap",
-            max_connections,
-            needed,
-            soft,
-        )
+            pass  # kept as it is: the cap is lowered instead
+    if soft >= needed:
+        return wanted
+    allowed = wanted
+    while allowed > 1 and files_needed(allowed) > soft:
+        allowed = min(allowed - 1, allowed * soft // files_needed(allowed))
+    log.warning(
+        "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files but the limit is %d: "
+        "capping connections at %d (raise the limit with ulimit -n)",
+        wanted,
+        needed,
+        soft,
+        allowed,
+    )
+    return allowed
