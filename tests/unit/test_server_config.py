@@ -130,3 +130,14 @@ class TestFileLimits:
 
         assert (limits.soft, cap) == (100_000, 1000)
         assert caplog.records == []
+
+    def test_a_limit_too_low_for_any_cap_still_leaves_one_connection(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        FileLimits(20, 20, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            cap = connection_cap(1000)
+
+        assert cap == 1
+        assert "capping connections at 1" in caplog.records[0].getMessage()

@@ -63,7 +63,7 @@ class HeaderTimeoutProtocol(H11Protocol):
     client that connects and sends nothing, or part of a request's headers, would hold its
     connection forever. The deadline starts when the connection opens or a new request's
     first byte arrives, and ends once the headers are complete; past it the connection is
-    closed.
+    closed. A connection opened past `drop_above` is closed at once.
     """
 
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
@@ -141,7 +141,7 @@ def connection_cap(wanted: int) -> int:
         return wanted
     allowed = wanted
     while allowed > 1 and files_needed(allowed) > soft:
-        allowed = min(allowed - 1, allowed * soft // files_needed(allowed))
+        allowed = max(1, min(allowed - 1, allowed * soft // files_needed(allowed)))
     log.warning(
         "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files but the limit is %d: "
         "capping connections at %d (raise the limit with ulimit -n)",
