@@ -122,6 +122,10 @@ class TestClientsThatStopReading:
         assert [e.event for e in events].count("done") == 1
 
 
+async def no_subscriptions(pubsub: Redis) -> bool:
+    return not await pubsub.pubsub_channels()
+
+
 class TestPubSubDown:
     async def test_a_stream_opened_while_pubsub_is_down_is_503_and_opens_once_it_is_back(
         self, served: ServedGateway, pubsub_server: RedisServer, pubsub_redis: Redis
@@ -142,6 +146,8 @@ class TestPubSubDown:
                 )
                 # (a snapshot may come first: the feed's reconnect is treated as a gap)
                 rest = await stream.read()
+            # Nothing stays subscribed, the refused request's channel included.
+            await eventually(lambda: no_subscriptions(pubsub_redis), what="channels released")
 
         assert refused.status_code == 503, refused.json()
         assert refused.headers["Retry-After"] == "5"
