@@ -151,11 +151,19 @@ class RedisPubSubEventFeed(EventFeed):
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
                 if backoff.failing:
-                    log.info("Pub/Sub connection back")
+                    log.info("Pub/Sub reader back")
                 backoff.reset()
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:
                     log.warning("Pub/Sub connection lost, reconnecting: %s", error)
+                self._fail_unconfirmed(error)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            except Exception as error:
+                # A refused subscription (an ACL without the channel) or a reply the client
+                # cannot parse: the reader stays, or every later viewer would wait in vain.
+                if not backoff.failing:
+                    log.error("Pub/Sub reader failed, retrying: %s: %s", type(error).__name__, error)
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
                 continue
