@@ -163,7 +163,8 @@ class RedisPubSubEventFeed(EventFeed):
                 # A refused subscription (an ACL without the channel) or a reply the client
                 # cannot parse: the reader stays, or every later viewer would wait in vain.
                 if not backoff.failing:
-                    log.error("Pub/Sub reader failed, retrying: %s: %s", type(error).__name__, error)
+                    name = type(error).__name__
+                    log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
                 continue
