@@ -523,6 +523,9 @@ class TestRequestValidation:
             ("query parameter", "abc"),
             ("query parameter", "-1"),
             ("query parameter", "\u0663"),  # ARABIC-INDIC DIGIT THREE: a digit, not ASCII
+            ("Last-Event-ID header", "9" * 5000),  # int() refuses past 4300 digits
+            ("query parameter", "9" * 5000),
+            ("Last-Event-ID header", str(2**63)),  # one past the largest seq
         ],
     )
     async def test_a_last_event_id_that_is_not_a_non_negative_integer_is_422(

@@ -17,6 +17,7 @@ from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
+from eco_router.application.errors import TransientError
 from eco_router.application.messages import EncodedEvent, FeedGap
 from eco_router.application.ports import EventFeed, FeedSubscription
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
@@ -281,7 +282,7 @@ class TestReplay:
         await gw.produce("job-1", 2, **FAILED)
 
         assert await gw.connect(last_event_id=2).ended() == []
-        assert gw.metrics.closed == Counter({"error": 1})
+        assert gw.metrics.closed == Counter({"failed": 1})
 
     async def test_an_event_routed_while_subscribing_is_replayed_and_sent_once(self) -> None:
         late = gateway_event(seq=2)
@@ -423,7 +424,7 @@ class TestTheEnd:
 
         assert await viewer.ended() == ["1:scan", "2:error"]
         assert viewer.frames[-1].startswith(b"id: 2\nevent: error\n")
-        assert gw.metrics.closed == Counter({"error": 1})
+        assert gw.metrics.closed == Counter({"failed": 1})
 
     async def test_nothing_is_sent_after_the_terminal_event(self) -> None:
         gateway, feed = await scripted_gateway(
@@ -599,7 +600,7 @@ class TestSlowClients:
             "5:scan",
             "6:done",
         ]
-        assert gw.metrics.dropped == 4
+        assert gw.metrics.dropped == 3  # the oldest three; 5 and done stay queued
         assert gw.metrics.snapshots == 1
         assert gw.metrics.sent == Counter({"replay": 6})
         assert gw.metrics.closed == Counter({"done": 1})
@@ -665,7 +666,7 @@ class TestMetrics:
         await collect(gateway.stream("scan", "job-2", None))
         await collect(gateway.stream("scan", "job-3", None))
 
-        assert gateway.metrics.closed == Counter({"timeout": 1, "done": 1, "error": 1})
+        assert gateway.metrics.closed == Counter({"timeout": 1, "done": 1, "failed": 1})
         assert gateway.metrics.active == 0
 
     async def test_an_open_stream_is_counted_active_until_it_ends(self, gw: Gateway) -> None:
@@ -680,3 +681,61 @@ class TestMetrics:
 
         assert gw.metrics.active == 0
         assert gw.metrics.closed == Counter({"disconnect": 1, "done": 1})
+
+
+class UnreachableFeed(EventFeed):
+    """A Pub/Sub server that cannot be reached."""
+
+    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
+        raise TransientError("Pub/Sub unreachable")
+
+    def close_viewers(self) -> None:
+        pass
+
+
+class TestOutages:
+    async def test_an_unreachable_feed_fails_the_opening_and_counts_no_connection(self) -> None:
+        gateway = Gateway(feed=UnreachableFeed())
+
+        with pytest.raises(TransientError):
+            await gateway.stream.open("scan", "job-1")
+
+        assert (gateway.metrics.active, gateway.metrics.closed) == (0, Counter())
+
+    async def test_an_unreachable_store_fails_the_opening_and_leaves_no_subscription(
+        self,
+    ) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=60)
+        gateway.h.store.available = False
+
+        with pytest.raises(TransientError):
+            await gateway.stream.open("scan", "job-1")
+
+        assert feed.subscription.closed
+        assert gateway.metrics.active == 0
+
+    async def test_a_stream_closed_before_it_was_read_releases_its_subscription(self) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=60)
+
+        stream = await gateway.stream.open("scan", "job-1")
+        await stream.aclose()
+        await stream.aclose()
+
+        assert feed.subscription.closed
+        assert (gateway.metrics.active, gateway.metrics.closed) == (0, Counter({"disconnect": 1}))
+
+    async def test_a_store_lost_while_catching_up_ends_the_stream_with_reason_error(
+        self,
+    ) -> None:
+        gateway, feed = await scripted_gateway(
+            [(1.0, FeedGap("reconnect"))], keepalive_s=15, max_wait_s=60
+        )
+        await gateway.produce("job-1", 1)
+        frames = []
+        async for frame in gateway.stream("scan", "job-1", None):
+            frames.append(frame)
+            gateway.h.store.available = False
+
+        assert describe(frames) == ["1:scan"]
+        assert feed.subscription.closed
+        assert gateway.metrics.closed == Counter({"error": 1})

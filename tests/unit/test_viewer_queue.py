@@ -1,4 +1,4 @@
-"""ViewerQueue: one viewer's bounded live queue, dropping for slow clients but never the end."""
+"""ViewerQueue: a viewer's bounded live queue, dropping the oldest events, never the end."""
 
 from __future__ import annotations
 
@@ -67,14 +67,14 @@ class TestWithinCapacity:
 
 
 class TestOverflow:
-    async def test_a_full_queue_drops_the_queued_events_and_reports_a_gap_first(self) -> None:
+    async def test_a_full_queue_drops_its_oldest_event_and_reports_a_gap_first(self) -> None:
         drops = DropCounter()
         queue = ViewerQueue(maxsize=2, on_drop=drops)
         for seq in (1, 2, 3):
             queue.put(running(seq))
 
-        assert await drain(queue) == [FeedGap("slow_client"), running(3)]
-        assert drops.total == 2
+        assert await drain(queue) == [FeedGap("slow_client"), running(2), running(3)]
+        assert drops.total == 1
 
     async def test_every_overflow_is_reported_but_one_gap_covers_them(self) -> None:
         drops = DropCounter()
@@ -84,12 +84,8 @@ class TestOverflow:
 
         items = await drain(queue)
 
-        assert items[0] == FeedGap("slow_client")
-        assert items.count(FeedGap("slow_client")) == 1
-        kept = [item for item in items if isinstance(item, GatewayEvent)]
-        assert kept == [running(7)]
-        assert drops.total == 7 - len(kept)
-        assert drops.reports == [2, 2, 2]
+        assert items == [FeedGap("slow_client"), running(6), running(7)]
+        assert drops.reports == [1, 1, 1, 1, 1]
 
     async def test_the_terminal_event_is_kept_when_the_queue_overflows(self) -> None:
         drops = DropCounter()
@@ -98,20 +94,41 @@ class TestOverflow:
             queue.put(running(seq))
         queue.put(done(3))
 
-        assert await drain(queue) == [FeedGap("slow_client"), done(3)]
-        assert drops.total == 2
+        assert await drain(queue) == [FeedGap("slow_client"), running(2), done(3)]
+        assert drops.total == 1
 
-    async def test_a_queued_terminal_event_survives_a_later_overflow(self) -> None:
+    async def test_a_queued_terminal_event_stays_last_through_a_later_overflow(self) -> None:
         drops = DropCounter()
         queue = ViewerQueue(maxsize=2, on_drop=drops)
         queue.put(running(1))
         queue.put(done(2))
         queue.put(running(3))
 
-        assert await drain(queue) == [FeedGap("slow_client"), done(2), running(3)]
+        assert await drain(queue) == [FeedGap("slow_client"), running(3), done(2)]
         assert drops.total == 1
 
-    async def test_a_queue_full_of_terminal_events_drops_the_new_intermediate_one(self) -> None:
+    async def test_a_later_terminal_event_replaces_the_queued_one(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=3, on_drop=drops)
+        queue.put(running(1))
+        queue.put(done(2))
+        queue.put(done(3))
+
+        assert await drain(queue) == [FeedGap("slow_client"), running(1), done(3)]
+        assert drops.total == 1
+
+    async def test_a_flood_of_terminal_events_keeps_the_queue_at_its_bound(self) -> None:
+        drops = DropCounter()
+        queue = ViewerQueue(maxsize=4, on_drop=drops)
+        queue.put(running(1))
+        for seq in range(2, 10_002):
+            queue.put(done(seq))
+
+        assert len(queue) == 2
+        assert await drain(queue) == [FeedGap("slow_client"), running(1), done(10_001)]
+        assert drops.total == 9_999
+
+    async def test_a_queue_of_one_holding_the_end_drops_a_new_intermediate_event(self) -> None:
         drops = DropCounter()
         queue = ViewerQueue(maxsize=1, on_drop=drops)
         queue.put(done(1))

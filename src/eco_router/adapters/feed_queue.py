@@ -10,34 +10,86 @@ from collections.abc import Callable
 from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.domain.sse import GatewayEvent
 
+SLOW_CLIENT = "slow_client"
+
+
+class ViewerBuffer:
+    """At most `maxsize` events: the intermediate ones in arrival order, then one terminal.
+
+    Policy, each step O(1):
+    - Full: the oldest intermediate event is dropped to make room (none left: the new
+      intermediate event itself is dropped).
+    - Only the last terminal (`done`/failed) event is kept, always read last: the stream
+      ends with it, so anything queued behind it would never be sent.
+    - Any drop sets `gap`: the viewer must catch up from the job's history, which holds
+      whatever was dropped.
+    """
+
+    __slots__ = ("_events", "_maxsize", "_terminal", "gap")
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("a viewer buffer holds at least one event")
+        self._events: deque[GatewayEvent] = deque()
+        self._terminal: GatewayEvent | None = None
+        self._maxsize = maxsize
+        self.gap = False
+
+    def __len__(self) -> int:
+        return len(self._events) + (self._terminal is not None)
+
+    def put(self, event: GatewayEvent) -> int:
+        """Queue `event`; returns how many events were dropped for it (0 or 1)."""
+        if event.terminal:
+            if self._terminal is not None:
+                self._terminal = event
+                return self._dropped()
+            self._terminal = event
+            if len(self) > self._maxsize:
+                self._events.popleft()
+                return self._dropped()
+            return 0
+        if len(self) < self._maxsize:
+            self._events.append(event)
+            return 0
+        if self._events:
+            self._events.popleft()
+            self._events.append(event)
+        return self._dropped()
+
+    def pop(self) -> GatewayEvent | None:
+        if self._events:
+            return self._events.popleft()
+        terminal, self._terminal = self._terminal, None
+        return terminal
+
+    def _dropped(self) -> int:
+        self.gap = True
+        return 1
+
 
 class ViewerQueue:
-    """Bounded: when full, intermediate events are dropped (never terminal ones) and the
-    viewer's next read is a `FeedGap`, so it catches up from the history instead. Once
-    closed, the events still queued are read, then `FeedClosed`."""
+    """A `ViewerBuffer` a viewer can wait on. A dropped event makes the viewer's next read a
+    `FeedGap` (so it catches up from the history); so does `mark_gap`. Once closed, the
+    events still queued are read, then `FeedClosed`."""
 
     def __init__(self, *, maxsize: int, on_drop: Callable[[int], None] | None = None) -> None:
-        self._items: deque[GatewayEvent] = deque()
-        self._maxsize = maxsize
+        self._buffer = ViewerBuffer(maxsize)
         self._gap: str | None = None
         self._closed = False
         self._ready = asyncio.Event()
         self._on_drop = on_drop
 
+    def __len__(self) -> int:
+        return len(self._buffer)
+
     def put(self, event: GatewayEvent) -> None:
-        accept = True
-        if len(self._items) >= self._maxsize:
-            kept = deque(e for e in self._items if e.terminal)
-            dropped = len(self._items) - len(kept)
-            self._items = kept
-            self._gap = "slow_client"
-            if not event.terminal and len(kept) >= self._maxsize:
-                accept = False
-                dropped += 1
-            if self._on_drop is not None and dropped:
+        dropped = self._buffer.put(event)
+        if dropped:
+            if self._gap is None:
+                self._gap = SLOW_CLIENT
+            if self._on_drop is not None:
                 self._on_drop(dropped)
-        if accept:
-            self._items.append(event)
         self._ready.set()
 
     def mark_gap(self, reason: str) -> None:
@@ -50,14 +102,16 @@ class ViewerQueue:
         self._ready.set()
 
     async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
-        if not self._items and self._gap is None and not self._closed:
+        if not len(self._buffer) and self._gap is None and not self._closed:
             self._ready.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._ready.wait()
         if self._gap is not None:
             reason, self._gap = self._gap, None
+            self._buffer.gap = False
             return FeedGap(reason)
-        if self._items:
-            return self._items.popleft()
+        event = self._buffer.pop()
+        if event is not None:
+            return event
         return FeedClosed() if self._closed else None

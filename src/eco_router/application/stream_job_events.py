@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
+from eco_router.application.errors import TransientError
 from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     Clock,
     EventDecoder,
     EventFeed,
+    FeedSubscription,
     GatewayMetrics,
     StateStore,
 )
@@ -21,6 +24,8 @@ from eco_router.domain.sse import (
     plan_replay,
     snapshot_frame,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,10 @@ class StreamJobEvents:
       history after the last event sent.
     - When the feed closes (the process shuts down), the stream ends without an error: the
       client's EventSource reconnects with its Last-Event-ID, to another process.
+    - `open` subscribes and reads the replay before returning, so an unreachable Pub/Sub or
+      state store fails the request (`TransientError`) instead of cutting an open stream; one
+      that fails later ends the stream (reason `error`) and the client resumes.
+    - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
       the job's terminal event, so the HTTP layer can tell it to stop reconnecting.
     """
@@ -74,18 +83,47 @@ class StreamJobEvents:
         state = self._decoder.decode(view.state) if view.state is not None else None
         return _has_end(state, last_event_id)
 
+    async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
+        """Subscribe and read the replay now, so that a Pub/Sub or state store outage is an
+        error (`TransientError`) before any response starts, not a cut stream."""
+        subscription = await self._feed.subscribe(domain, job_id)
+        cursor = _Cursor(last_event_id)
+        try:
+            replay = await self._catch_up(domain, job_id, cursor, force_snapshot=False)
+        except BaseException:
+            await subscription.close()
+            raise
+        self._metrics.connection_opened()
+        return JobStream(
+            subscription,
+            self._metrics,
+            lambda stream: self._frames(stream, subscription, domain, job_id, cursor, replay),
+        )
+
     async def __call__(
         self, domain: str, job_id: str, last_event_id: int | None = None
     ) -> AsyncIterator[bytes]:
-        subscription = await self._feed.subscribe(domain, job_id)
-        self._metrics.connection_opened()
-        cursor = _Cursor(last_event_id)
-        reason = "disconnect"
+        stream = await self.open(domain, job_id, last_event_id)
         try:
-            for frame in await self._catch_up(domain, job_id, cursor, force_snapshot=False):
+            async for frame in stream:
+                yield frame
+        finally:
+            await stream.aclose()
+
+    async def _frames(
+        self,
+        stream: JobStream,
+        subscription: FeedSubscription,
+        domain: str,
+        job_id: str,
+        cursor: _Cursor,
+        replay: list[bytes],
+    ) -> AsyncGenerator[bytes]:
+        try:
+            for frame in replay:
                 yield frame
             if cursor.ended:
-                reason = cursor.ended
+                stream.reason = cursor.ended
                 return
             started = last_write = self._clock.monotonic()
             while True:
@@ -93,7 +131,7 @@ class StreamJobEvents:
                 wait_left = started + self._limits.max_wait_s - now
                 if wait_left <= 0:
                     yield error_frame("timeout")
-                    reason = "timeout"
+                    stream.reason = "timeout"
                     return
                 keepalive_left = last_write + self._limits.keepalive_s - now
                 if keepalive_left <= 0:
@@ -104,7 +142,7 @@ class StreamJobEvents:
                 if item is None:
                     continue
                 if isinstance(item, FeedClosed):
-                    reason = "shutdown"
+                    stream.reason = "shutdown"
                     return
                 if isinstance(item, FeedGap):
                     frames = await self._catch_up(domain, job_id, cursor, force_snapshot=True)
@@ -115,13 +153,14 @@ class StreamJobEvents:
                 if frames:
                     last_write = self._clock.monotonic()
                 if cursor.ended:
-                    reason = cursor.ended
+                    stream.reason = cursor.ended
                     return
+        except TransientError as error:
+            # The client's EventSource reconnects with its Last-Event-ID once the stream ends.
+            log.warning("ending the stream of job %s: %s", job_id, error)
+            stream.reason = "error"
         finally:
-            # Counted first: a disconnected client's task is cancelled, which can cut the
-            # await below short.
-            self._metrics.connection_closed(reason)
-            await subscription.close()
+            await stream.release()
 
     async def _catch_up(
         self, domain: str, job_id: str, cursor: _Cursor, *, force_snapshot: bool
@@ -149,7 +188,7 @@ class StreamJobEvents:
         if sent:
             self._metrics.events_sent(sent, replayed=True)
         if state is not None and _has_end(state, cursor.last_sent):
-            cursor.ended = state.name  # the client already has the end of this job
+            cursor.ended = _end_reason(state)  # the client already has the end of this job
         return frames
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
@@ -163,9 +202,50 @@ class StreamJobEvents:
         return [event_frame(event)]
 
 
+def _end_reason(event: GatewayEvent) -> str:
+    """Why a stream ended at this terminal event: `done`, or `failed` for a job that failed."""
+    return "failed" if event.name == "error" else event.name
+
+
 def _has_end(state: GatewayEvent | None, last_sent: int | None) -> bool:
     """Whether a client that got `last_sent` has the job's terminal event."""
     return state is not None and state.terminal and last_sent is not None and state.seq <= last_sent
+
+
+class JobStream:
+    """One client's open stream of a job: iterate it for its frames; `aclose` ends it.
+
+    Ending it releases the subscription and counts the connection closed, exactly once,
+    whether or not the frames were ever iterated.
+    """
+
+    def __init__(
+        self,
+        subscription: FeedSubscription,
+        metrics: GatewayMetrics,
+        frames: Callable[[JobStream], AsyncGenerator[bytes]],
+    ) -> None:
+        self.reason = "disconnect"
+        self._subscription = subscription
+        self._metrics = metrics
+        self._released = False
+        self._frames = frames(self)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._frames
+
+    async def aclose(self) -> None:
+        await self._frames.aclose()
+        await self.release()
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        # Counted first: a disconnected client's task is cancelled, which can cut the
+        # await below short.
+        self._metrics.connection_closed(self.reason)
+        await self._subscription.close()
 
 
 class _Cursor:
@@ -183,7 +263,7 @@ class _Cursor:
         self.last_sent = event.seq
         self._sent.add(event.seq)
         if event.terminal:
-            self.ended = event.name
+            self.ended = _end_reason(event)
         return True
 
     def overtaken(self, event: GatewayEvent) -> bool:

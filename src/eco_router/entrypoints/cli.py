@@ -22,6 +22,7 @@ from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.http.app import create_app, end_streams
+from eco_router.entrypoints.http.server_config import server_config
 from eco_router.entrypoints.logging_setup import configure_logging
 from eco_router.entrypoints.operator_commands import UsageError
 from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
@@ -263,14 +264,7 @@ def _serve(
     container = build_container(settings, in_memory=in_memory, route=route)
     app = create_app(container, route=route, demo=demo)
     log.info("open http://%s:%d/ in a browser", host, port)
-    # Open SSE streams would hold a graceful shutdown forever: give them a few seconds.
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=3,
-    )
+    config = server_config(app, settings, host=host, port=port)
     server = _GatewayServer(config, before_shutdown=lambda: end_streams(app))
     server.run()
     # uvicorn has logged why it could not start (e.g. the port is taken).

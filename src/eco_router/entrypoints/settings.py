@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
     sse_queue_size: int = Field(256, ge=2, le=100_000)
+    # Bounds on clients of `serve` (slow, idle or too many connections).
+    sse_max_per_client: int = Field(32, ge=1, le=100_000)
+    http_max_connections: int = Field(1000, ge=1, le=1_000_000)
+    http_header_timeout_s: float = Field(10, gt=0, le=3600)
+    http_idle_timeout_s: int = Field(5, ge=1, le=3600)
     # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
     # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"

@@ -78,6 +78,8 @@ class InMemoryStateStore(StateStore):
             job.history_bytes -= len(job.history.pop(0))
 
     async def view(self, domain: str, job_id: str) -> JobView:
+        if not self.available:
+            raise TransientError("in-memory state store marked unavailable")
         job = self._job(domain, job_id)
         return JobView(state=job.state, history=list(job.history))
 

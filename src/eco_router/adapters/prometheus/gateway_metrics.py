@@ -25,7 +25,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._closed = Counter(
             "event_router_gateway_connections_closed",
-            "SSE connections closed, by reason (done, error, timeout, disconnect, shutdown).",
+            "SSE connections closed by reason: done, failed, timeout, disconnect, shutdown, error.",
             ["reason"],
             registry=registry,
         )
@@ -42,7 +42,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._dropped = Counter(
             "event_router_gateway_events_dropped",
-            "Intermediate events dropped for slow clients.",
+            "Events dropped from slow clients' queues (they catch up from the history).",
             registry=registry,
         )
         self._overtaken = Counter(

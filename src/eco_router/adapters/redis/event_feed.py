@@ -10,8 +10,9 @@ from collections import defaultdict
 from redis.asyncio import Redis
 
 from eco_router.adapters.feed_queue import ViewerQueue
-from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
+from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, transient_errors
 from eco_router.application.backoff import Backoff
+from eco_router.application.errors import TransientError
 from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     EventDecoder,
@@ -46,6 +47,8 @@ class RedisPubSubEventFeed(EventFeed):
     A reader task fans messages out to the viewers' bounded queues. When the connection
     drops, redis-py re-subscribes on reconnect; each channel's viewers then get a gap notice,
     so they catch up from the history what was published while the connection was down.
+    A subscription that cannot be made or confirmed raises `TransientError` and leaves
+    nothing behind.
     """
 
     def __init__(
@@ -56,8 +59,10 @@ class RedisPubSubEventFeed(EventFeed):
         decoder: EventDecoder,
         metrics: GatewayMetrics,
         queue_size: int = 256,
+        confirm_timeout_s: float = 10.0,
     ) -> None:
         self._pubsub = redis.pubsub()
+        self._confirm_timeout_s = confirm_timeout_s
         self._prefix = channel_prefix
         self._decoder = decoder
         self._metrics = metrics
@@ -72,6 +77,10 @@ class RedisPubSubEventFeed(EventFeed):
     @property
     def channels(self) -> int:
         return len(self._viewers)
+
+    def queue_lengths(self) -> list[int]:
+        """How many events each viewer has waiting now (each at most the queue size)."""
+        return [len(v.queue) for viewers in self._viewers.values() for v in viewers]
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read(), name="pubsub-feed")
@@ -93,17 +102,26 @@ class RedisPubSubEventFeed(EventFeed):
         )
         if self._closed:
             viewer.queue.close()
-        async with self._lock:
-            first = channel not in self._viewers
-            self._viewers[channel].add(viewer)
-            if first:
-                confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
-                await self._pubsub.subscribe(channel)
-                self._has_channels.set()
-            else:
-                confirmed = self._confirmed.get(channel) or _done_future()
-        # Only once Redis confirms is every later publish on the channel delivered to us.
-        await asyncio.wait_for(asyncio.shield(confirmed), timeout=10)
+        try:
+            async with self._lock:
+                first = channel not in self._viewers
+                self._viewers[channel].add(viewer)
+                if first:
+                    loop = asyncio.get_running_loop()
+                    confirmed = self._confirmed[channel] = loop.create_future()
+                    with transient_errors(f"subscribe {channel}"):
+                        await self._pubsub.subscribe(channel)
+                    self._has_channels.set()
+                else:
+                    confirmed = self._confirmed.get(channel) or _done_future()
+            # Only once Redis confirms is every later publish on the channel delivered to us.
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), timeout=self._confirm_timeout_s)
+            except TimeoutError as error:
+                raise TransientError(f"subscribe {channel}: not confirmed in time") from error
+        except BaseException:
+            await asyncio.shield(self.leave(viewer))
+            raise
         return viewer
 
     def close_viewers(self) -> None:
@@ -133,15 +151,33 @@ class RedisPubSubEventFeed(EventFeed):
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
                 if backoff.failing:
-                    log.info("Pub/Sub connection back")
+                    log.info("Pub/Sub reader back")
                 backoff.reset()
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:
                     log.warning("Pub/Sub connection lost, reconnecting: %s", error)
+                self._fail_unconfirmed(error)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            except Exception as error:
+                # A refused subscription (an ACL without the channel) or a reply the client
+                # cannot parse: the reader stays, or every later viewer would wait in vain.
+                if not backoff.failing:
+                    name = type(error).__name__
+                    log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
+                self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
                 continue
             if message is not None:
                 self._dispatch(message)
+
+    def _fail_unconfirmed(self, error: Exception) -> None:
+        """Viewers still waiting for their subscription to be confirmed are refused now,
+        instead of at the confirmation timeout: a SUBSCRIBE written to a dead connection
+        raises nothing, only the reader finds out."""
+        for channel, confirmed in self._confirmed.items():
+            if not confirmed.done():
+                confirmed.set_exception(TransientError(f"subscribe {channel}: {error}"))
 
     def _dispatch(self, message: dict[str, object]) -> None:
         kind = message.get("type")

@@ -15,6 +15,7 @@ from eco_router.application.errors import Forbidden, PortError, TransientError, 
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
+from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
@@ -30,6 +31,10 @@ ERROR_STATUS: dict[type[PortError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
     TransientError: 503,
+}
+ERROR_HEADERS: dict[int, dict[str, str]] = {
+    401: {"WWW-Authenticate": "Bearer"},
+    503: {"Retry-After": str(RETRY_AFTER_S)},
 }
 
 
@@ -60,6 +65,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app = FastAPI(title="eco-router", version=__version__, lifespan=lifespan)
     app.state.container = container
     app.state.demo = demo
+    app.state.client_streams = ClientStreams(container.settings().sse_max_per_client)
     container.wire(modules=[ops_routes, sse_routes])
     app.include_router(ops_routes.router)
     if container.settings().gateway_metrics:
@@ -79,7 +85,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     @app.exception_handler(PortError)
     async def port_error(request: Request, error: PortError) -> JSONResponse:
         status = next((s for t, s in ERROR_STATUS.items() if isinstance(error, t)), 500)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = ERROR_HEADERS.get(status)
         return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
     return app

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from eco_router.application.ports import Authorizer
-from eco_router.application.stream_job_events import StreamJobEvents
+from eco_router.application.stream_job_events import JobStream, StreamJobEvents
+from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 
 JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+# A seq is at most a signed 64-bit integer; longer ids are not ours (and `int()` of thousands
+# of digits raises instead of parsing).
+LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")
+MAX_SEQ = 2**63 - 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
@@ -24,28 +31,68 @@ async def job_event_stream(
     cookie: str,
     authorizer: Authorizer,
     stream: StreamJobEvents,
+    client_streams: ClientStreams,
 ) -> Response:
-    """Validate everything before the first byte; then stream the job's frames.
+    """Validate everything and open the stream before the first byte; then stream its frames.
 
     A resuming client that already has the job's end gets 204 No Content: by the SSE
-    standard, a browser's EventSource then stops reconnecting.
+    standard, a browser's EventSource then stops reconnecting. A client address with too
+    many streams open gets 429; an unreachable Pub/Sub or state store, 503 (both with
+    `Retry-After`).
     """
     if JOB_ID.fullmatch(job_id) is None:
         raise HTTPException(422, "job_id must be 1-128 characters of [A-Za-z0-9_.:-]")
     if domain not in domains:
         raise HTTPException(404, f"unknown domain {domain!r}; known: {', '.join(domains)}")
-    resume = request.headers.get("last-event-id") or last_event_id
-    after: int | None = None
-    if resume:
-        if not resume.isascii() or not resume.isdigit():
-            raise HTTPException(422, "Last-Event-ID must be a non-negative integer (a seq)")
-        after = int(resume)
+    after = resume_point(request.headers.get("last-event-id") or last_event_id)
     authorizer.authorize(bearer_token(request, cookie), job_id, domain=domain)
     if await stream.already_ended(domain, job_id, after):
         return Response(status_code=204)
-    return StreamingResponse(
-        stream(domain, job_id, after), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    client = request.client.host if request.client else "unknown"
+    if not client_streams.acquire(client):
+        raise HTTPException(
+            429,
+            "too many open streams from this address",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    try:
+        opened = await stream.open(domain, job_id, after)
+    except BaseException:
+        client_streams.release(client)
+        raise
+
+    async def close() -> None:
+        try:
+            await opened.aclose()
+        finally:
+            client_streams.release(client)
+
+    return ClosingStreamingResponse(opened, close=close)
+
+
+def resume_point(value: str | None) -> int | None:
+    """The seq a client resumes after, from its Last-Event-ID; 422 unless it is one of ours."""
+    if not value:
+        return None
+    if LAST_EVENT_ID.fullmatch(value) is None or int(value) > MAX_SEQ:
+        raise HTTPException(422, "Last-Event-ID must be a non-negative integer (a seq)")
+    return int(value)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """An SSE response that ends its stream however the response ends, even before its first
+    frame (a client gone at once): nothing it holds outlives the request."""
+
+    def __init__(self, stream: JobStream, *, close: Callable[[], Awaitable[None]]) -> None:
+        frames: AsyncIterable[bytes] = stream
+        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._close()
 
 
 def bearer_token(request: Request, cookie: str) -> str | None:

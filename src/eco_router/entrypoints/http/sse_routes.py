@@ -49,6 +49,7 @@ async def job_events(
         cookie=settings.jwt_cookie,
         authorizer=authorizer,
         stream=stream,
+        client_streams=request.app.state.client_streams,
     )
 
 
@@ -71,6 +72,7 @@ async def legacy_job_events(
         cookie=settings.jwt_cookie,
         authorizer=authorizer,
         stream=stream,
+        client_streams=request.app.state.client_streams,
     )
 
 

@@ -1,0 +1,143 @@
+"""The limits `serve` gives uvicorn, from the settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+
+import pytest
+from fastapi import FastAPI
+
+from eco_router.entrypoints.http.server_config import (
+    HeaderTimeoutProtocol,
+    accept_backlog,
+    connection_cap,
+    files_needed,
+    server_config,
+)
+from eco_router.entrypoints.settings import ConfigError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("EVENT_ROUTER_", "REDIS_")):
+            monkeypatch.delenv(name)
+
+
+class TestSettings:
+    def test_the_client_bounds_default_to_the_documented_values(self) -> None:
+        settings = load_settings()
+
+        assert (
+            settings.sse_max_per_client,
+            settings.http_max_connections,
+            settings.http_header_timeout_s,
+            settings.http_idle_timeout_s,
+        ) == (32, 1000, 10, 5)
+
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("EVENT_ROUTER_SSE_MAX_PER_CLIENT", "0"),
+            ("EVENT_ROUTER_HTTP_MAX_CONNECTIONS", "0"),
+            ("EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S", "0"),
+            ("EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S", "soon"),
+        ],
+    )
+    def test_a_bound_that_would_refuse_everything_is_refused(
+        self, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    ) -> None:
+        monkeypatch.setenv(variable, value)
+
+        with pytest.raises(ConfigError, match=variable):
+            load_settings()
+
+
+class TestServerConfig:
+    def test_the_settings_become_uvicorns_limits_and_the_header_timeout(self) -> None:
+        settings = load_settings(
+            http_max_connections=50, http_header_timeout_s=2.5, http_idle_timeout_s=3
+        )
+
+        config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
+
+        assert config.http is HeaderTimeoutProtocol
+        assert config.header_timeout_s == 2.5
+        assert config.timeout_keep_alive == 3
+        # uvicorn refuses once this many are open, the asking one included: 50 are served.
+        assert config.limit_concurrency == 51
+
+    def test_past_twice_the_cap_connections_are_dropped(self) -> None:
+        config = server_config(
+            FastAPI(), load_settings(http_max_connections=50), host="127.0.0.1", port=8000
+        )
+
+        assert config.drop_above == 100
+        assert config.backlog == accept_backlog(50) == 16
+
+
+class FileLimits:
+    """The process's open-file limits, as `resource` would report and set them."""
+
+    def __init__(self, soft: int, hard: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.soft, self.hard = soft, hard
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (self.soft, self.hard))
+        monkeypatch.setattr(resource, "setrlimit", self.set)
+
+    def set(self, _: int, limits: tuple[int, int]) -> None:
+        soft, hard = limits
+        if soft > self.hard or hard > self.hard:
+            raise ValueError("not allowed")
+        self.soft, self.hard = soft, hard
+
+
+class TestFileLimits:
+    def test_the_soft_limit_is_raised_for_the_cap_when_the_hard_limit_allows(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(1024, 65536, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            cap = connection_cap(1000)
+
+        assert (limits.soft, limits.hard) == (files_needed(1000), 65536)
+        assert cap == 1000
+        assert caplog.records == []
+
+    def test_a_limit_that_cannot_be_raised_enough_lowers_the_cap_with_a_warning(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(256, 1024, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            cap = connection_cap(1000)
+
+        assert limits.soft == 1024
+        assert files_needed(cap) <= 1024 < files_needed(cap + 1)  # the largest that fits
+        [warning] = caplog.records
+        assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=1000" in warning.getMessage()
+        assert f"capping connections at {cap}" in warning.getMessage()
+
+    def test_a_limit_high_enough_is_left_alone(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        limits = FileLimits(100_000, 100_000, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            cap = connection_cap(1000)
+
+        assert (limits.soft, cap) == (100_000, 1000)
+        assert caplog.records == []
+
+    def test_a_limit_too_low_for_any_cap_still_leaves_one_connection(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        FileLimits(20, 20, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            cap = connection_cap(1000)
+
+        assert cap == 1
+        assert "capping connections at 1" in caplog.records[0].getMessage()
