@@ -35,6 +35,7 @@ from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
+from eco_router.application.feed_health import FeedHealth
 from eco_router.application.held_shards import HeldShards
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.keep_leases import KeepLeases
@@ -175,11 +176,13 @@ class Container(containers.DeclarativeContainer):
         max_restarts=settings.provided.task_max_restarts,
         restart_window_s=settings.provided.task_restart_window_s,
     )
+    feed_health = providers.Singleton(FeedHealth)
     check_readiness = providers.Singleton(
         CheckReadiness,
         source=event_source,
         broadcaster=broadcaster,
         router=router,
+        feed=feed_health,
     )
 
     memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
@@ -193,6 +196,7 @@ class Container(containers.DeclarativeContainer):
         decoder=decoder,
         metrics=gateway_metrics,
         queue_size=settings.provided.sse_queue_size,
+        health=feed_health,
     )
     authorizer = providers.Singleton(
         make_authorizer, settings.provided.jwt_secret, settings.provided.jwt_require_exp
@@ -338,6 +342,7 @@ def build_container(
                 source=container.event_source,
                 broadcaster=container.broadcaster,
                 router=None,
+                feed=container.feed_health,
             )
         )
     return container
