@@ -9,6 +9,7 @@ import socket
 from collections.abc import Generator
 
 import uvicorn
+from dependency_injector import providers
 
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.exit_codes import ExitCode
@@ -56,6 +57,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         lifespan="off",
     )
     server = _OpsServer(config)
+    # The worker serves no viewers: no Pub/Sub reader, and no `feed` check in its readiness.
+    container.event_feed.override(providers.Object(None))
     async with RouterRunner(container) as runner:
         http = asyncio.create_task(server.serve(), name="ops-http")
         # uvicorn exposes `started` as a flag only, so poll it briefly.
