@@ -46,8 +46,9 @@ class StreamJobEvents:
     - Then live events; a seq at or below the last one sent on this connection is never sent.
     - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
-    - When the feed reports a gap (slow client, Pub/Sub reconnect): a snapshot, then the
-      history after the last event sent.
+    - When the feed reports a gap (slow client, Pub/Sub reconnect): the history after the
+      last event sent, by the same rule as a reconnect with that id: a snapshot first only
+      when the history no longer reaches back to it, so the client is told of a real gap only.
     - When the feed closes (the process shuts down), the stream ends without an error: the
       client's EventSource reconnects with its Last-Event-ID, to another process.
     - `open` subscribes and reads the replay before returning, so an unreachable Pub/Sub or
@@ -89,7 +90,7 @@ class StreamJobEvents:
         subscription = await self._feed.subscribe(domain, job_id)
         cursor = _Cursor(last_event_id)
         try:
-            replay = await self._catch_up(domain, job_id, cursor, force_snapshot=False)
+            replay = await self._catch_up(domain, job_id, cursor)
         except BaseException:
             await subscription.close()
             raise
@@ -145,7 +146,7 @@ class StreamJobEvents:
                     stream.reason = "shutdown"
                     return
                 if isinstance(item, FeedGap):
-                    frames = await self._catch_up(domain, job_id, cursor, force_snapshot=True)
+                    frames = await self._catch_up(domain, job_id, cursor)
                 else:
                     frames = self._live(item, cursor)
                 for frame in frames:
@@ -162,9 +163,7 @@ class StreamJobEvents:
         finally:
             await stream.release()
 
-    async def _catch_up(
-        self, domain: str, job_id: str, cursor: _Cursor, *, force_snapshot: bool
-    ) -> list[bytes]:
+    async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
         view = await self._store.view(domain, job_id)
         history = [e for e in map(self._decoder.decode, view.history) if e is not None]
         state = self._decoder.decode(view.state) if view.state is not None else None
@@ -175,7 +174,7 @@ class StreamJobEvents:
             history_size=self._limits.history_size,
         )
         frames = []
-        if plan.snapshot or force_snapshot:
+        if plan.snapshot:
             frames.append(snapshot_frame(state, job_id))
             self._metrics.snapshot_sent()
         sent = 0
