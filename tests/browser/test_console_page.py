@@ -195,6 +195,38 @@ class TestDeadLetters:
         page.get_by_label("filter dead letters").fill("")
         expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(1)
 
+    def test_replay_all_matching_replays_the_number_it_confirms_and_says_what_of_n_means(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        # More matching letters than the page lists (100), beside some that do not match.
+        with console_server.redis.pipeline(transaction=False) as pipe:
+            for n in range(150):
+                pipe.xadd(SCAN.dead_letter_stream, _letter_of(f"browser-bulk-{n}", SCAN.streams[0]))
+            for n in range(11):
+                pipe.xadd(
+                    SCAN.dead_letter_stream, _letter_of(f"browser-spare-{n}", SCAN.streams[0])
+                )
+            pipe.execute()
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+        page.get_by_label("filter dead letters").fill("browser-bulk-")
+
+        expect(page.locator("#dl-table tbody tr")).to_have_count(100)
+        expect(page.locator("#dl-count")).to_contain_text("100 shown of 150 matching · ")
+        page.get_by_role("button", name="Replay all matching").click()
+        confirm = page.get_by_role("button", name="Click again to replay 150 matching")
+        expect(confirm).to_be_visible()
+        confirm.click()
+
+        expect(page.locator("#dl-notice")).to_have_text("Replayed 150 dead letters")
+        expect(page.locator("#dl-empty")).to_be_visible()
+        left = [
+            fields.get(b"field:job_id", b"").decode()
+            for _, fields in console_server.redis.xrange(SCAN.dead_letter_stream)
+        ]
+        assert not [job for job in left if job.startswith("browser-bulk-")]
+        assert sum(job.startswith("browser-spare-") for job in left) == 11
+
     def test_stored_strings_are_shown_as_text_never_as_markup(
         self, page: Page, console_server: ConsoleServer
     ) -> None:

@@ -29,7 +29,7 @@ from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDea
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
-from eco_router.application.replay_dead_letters import ReplayDeadLetters
+from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.http.sse_responses import SSE_HEADERS, bearer_token
 from eco_router.entrypoints.settings import Settings
@@ -132,6 +132,7 @@ async def dead_letters(
                     "domain": page.domain,
                     "total": page.total,
                     "scanned": page.scanned,
+                    "matching": page.matching,
                     "letters": [_letter(page.domain, letter) for letter in page.letters],
                 }
                 for page in found
@@ -148,6 +149,7 @@ class ReplayRequest(BaseModel):
     all_matching: bool = False
     reason: str | None = Field(None, max_length=64)
     q: str | None = Field(None, max_length=200)
+    expected: int | None = Field(None, ge=0, description="with all_matching: the count confirmed")
 
 
 @router.post("/api/dead-letters/replay", dependencies=[Admin])
@@ -165,7 +167,9 @@ async def replay_dead_letters(
             replayed = await replay(body.domain, ids=body.ids, scan=SCAN_LIMIT)
         else:
             matching = DeadLetterFilter(body.reason or None, body.q or None)
-            replayed = await replay(body.domain, matching=matching, scan=SCAN_LIMIT)
+            replayed = await replay(
+                body.domain, matching=matching, scan=SCAN_LIMIT, expected=body.expected
+            )
     if replayed:
         log.info("console: replayed %d dead letters of %s", len(replayed), body.domain)
     return _json({"replayed": replayed})
@@ -265,9 +269,12 @@ async def _snapshot_frames(
 
 @contextlib.contextmanager
 def _client_errors() -> Iterator[None]:
-    """What the use cases refuse, as the client's mistake: unknown → 404, invalid → 422."""
+    """What the use cases refuse, as the client's mistake: unknown → 404, invalid → 422, a
+    selection that changed since it was confirmed → 409."""
     try:
         yield
+    except SelectionChanged as error:
+        raise HTTPException(409, str(error)) from error
     except LookupError as error:
         raise HTTPException(404, str(error)) from error
     except ValueError as error:
