@@ -243,6 +243,23 @@ class TestDeadLetters:
         assert row.locator("img, b").count() == 0
         assert page.evaluate("window.__pwned") is None
 
+    def test_control_and_format_characters_are_shown_escaped_as_the_cli_does(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = "browser-ctl\x1b[2J\u202e\u200b"
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+        console_server.redis.xadd(SCAN.streams[0], {"job_id": job, "seq": "1", "note": "a\rb"})
+
+        row = page.locator("#dl-table tbody tr", has_text="browser-ctl")
+        expect(row).to_have_count(1)
+        expect(row.locator("td.job")).to_have_text("browser-ctl\\u001b[2J\\u202e\\u200b")
+        row.locator("summary").click()
+        expect(row.locator("pre.fields")).to_contain_text("note=a\\u000db")
+        shown = row.evaluate("row => row.textContent")
+        # The only line breaks are those between fields, which the page puts there.
+        assert not [c for c in shown if not c.isprintable() and c not in " \n"], repr(shown)
+
 
 class TestJobLookup:
     def test_an_unknown_job_says_so(self, page: Page) -> None:
