@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import jwt
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -271,6 +272,25 @@ class TestJobLookup:
         expect(page.locator("#job-notice")).to_contain_text("unknown or expired")
         expect(page.locator("#job-result")).to_be_hidden()
 
+    def test_a_failed_job_shows_the_last_progress_it_reported(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(0, "browser-failed")
+        stream = SCAN.streams[0]
+        event = {"job_id": job, "stage": "answer"}
+        console_server.redis.xadd(
+            stream, {**event, "seq": "30", "status": "started", "progress": "46"}
+        )
+        console_server.redis.xadd(stream, {**event, "seq": "32", "status": "failed"})
+        _wait_until_routed(console_server, job, events=2)
+
+        page.get_by_label("job id").fill(job)
+        page.get_by_role("button", name="Look up").click()
+        expect(page.locator("#job-history tbody tr")).to_have_count(2)
+
+        expect(page.locator("#job-status")).to_have_text("failed")
+        expect(page.locator("#job-state")).to_contain_text("progress 46%")
+
 
 class TestSigningIn:
     def test_a_viewer_token_is_turned_away_and_an_admin_token_opens_the_console(
@@ -301,6 +321,17 @@ class TestSigningIn:
             assert cookie["httpOnly"] is True
         finally:
             context.close()
+
+
+def _wait_until_routed(server: ConsoleServer, job: str, *, events: int) -> None:
+    url = f"{server.base_url}/console/api/jobs/scan/{job}"
+    deadline = time.monotonic() + JOB_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        found = httpx.get(url, timeout=5.0, trust_env=False)
+        if found.status_code == 200 and len(found.json()["history"]) >= events:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{job}: {events} events not routed in time")
 
 
 def _token(**claims: object) -> str:
