@@ -28,6 +28,18 @@ from eco_router.domain.sse import (
 log = logging.getLogger(__name__)
 
 
+class StreamUnavailable(TransientError):
+    """A stream cannot be opened because one of its dependencies is unreachable.
+
+    `service` names it (`pubsub`, `state store`) for the client; the adapter's error, with
+    its addresses and driver text, is the cause, for the log only.
+    """
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"{service} unavailable")
+        self.service = service
+
+
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
     """Timers and sizes of a client's stream."""
@@ -52,7 +64,7 @@ class StreamJobEvents:
     - When the feed closes (the process shuts down), the stream ends without an error: the
       client's EventSource reconnects with its Last-Event-ID, to another process.
     - `open` subscribes and reads the replay before returning, so an unreachable Pub/Sub or
-      state store fails the request (`TransientError`) instead of cutting an open stream; one
+      state store fails the request (`StreamUnavailable`) instead of cutting an open stream; one
       that fails later ends the stream (reason `error`) and the client resumes.
     - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
@@ -80,17 +92,26 @@ class StreamJobEvents:
         """True when the job has ended at or below `last_event_id`: nothing is left to send."""
         if last_event_id is None:
             return False
-        view = await self._store.view(domain, job_id)
+        try:
+            view = await self._store.view(domain, job_id)
+        except TransientError as error:
+            raise StreamUnavailable("state store") from error
         state = self._decoder.decode(view.state) if view.state is not None else None
         return _has_end(state, last_event_id)
 
     async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
         """Subscribe and read the replay now, so that a Pub/Sub or state store outage is an
-        error (`TransientError`) before any response starts, not a cut stream."""
-        subscription = await self._feed.subscribe(domain, job_id)
+        error (`StreamUnavailable`) before any response starts, not a cut stream."""
+        try:
+            subscription = await self._feed.subscribe(domain, job_id)
+        except TransientError as error:
+            raise StreamUnavailable("pubsub") from error
         cursor = _Cursor(last_event_id)
         try:
             replay = await self._catch_up(domain, job_id, cursor)
+        except TransientError as error:
+            await subscription.close()
+            raise StreamUnavailable("state store") from error
         except BaseException:
             await subscription.close()
             raise
