@@ -405,12 +405,12 @@ class TestNotices:
             redis_demo_server.pubsub.start()
 
             until_finished(page, "done")
-            assert shown_seqs(page) == COMPLETE_JOB
             # The history held every event after the last one sent: nothing was missed, so
             # there was nothing to be told about.
-            snapshots = [f for f in received_frames(page) if f["type"] == "snapshot"]
-            assert [json.loads(f["data"])["state"] for f in snapshots] in ([], [None])
             expect(page.locator("#notice")).to_have_text("")
+            assert shown_seqs(page) == COMPLETE_JOB
+            snapshots = [f for f in received_frames(page) if f["type"] == "snapshot"]
+            assert [json.loads(f["data"]).get("state") for f in snapshots] in ([], [None])
 
 
 class TestHowAJobEndLooks:
