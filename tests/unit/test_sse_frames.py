@@ -162,3 +162,29 @@ class TestPlanReplay:
         plan = plan_replay(last_event_id=1, history=history, state=history[-1], history_size=10)
 
         assert plan == ReplayPlan(snapshot=False, events=history[1:])
+
+    @pytest.mark.parametrize(
+        ("last_event_id", "history_bytes", "snapshot"),
+        [
+            (2, 900, True),  # trimmed by bytes, not back to the client's id: a real gap
+            (4, 900, False),  # trimmed by bytes, but reaching back to the client's id
+            (2, 700, False),  # too small to have been trimmed by bytes
+            (None, 900, True),  # a new client when the start may be gone
+        ],
+    )
+    def test_a_history_that_may_have_lost_events_to_the_byte_cap_is_a_gap(
+        self, last_event_id: int | None, history_bytes: int, snapshot: bool
+    ) -> None:
+        history = events(5, 6, 7)
+
+        plan = plan_replay(
+            last_event_id=last_event_id,
+            history=history,
+            state=history[-1],
+            history_size=100,
+            history_bytes=history_bytes,
+            trimmed_above_bytes=800,
+        )
+
+        assert plan.snapshot is snapshot
+        assert [e.seq for e in plan.events] == [s for s in (5, 6, 7) if s > (last_event_id or -1)]

@@ -21,6 +21,7 @@ from eco_router.application.errors import TransientError
 from eco_router.application.messages import EncodedEvent, FeedGap
 from eco_router.application.ports import EventFeed, FeedSubscription
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
+from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
 from tests.unit.factories import Harness, eventually, make_event
 
@@ -42,6 +43,8 @@ class Gateway:
         keepalive_s: float = 15.0,
         max_wait_s: float = 300.0,
         feed: EventFeed | None = None,
+        history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
+        largest_event_bytes: int | None = None,
     ) -> None:
         self.h = Harness()
         self.h.store = InMemoryStateStore(
@@ -50,6 +53,7 @@ class Gateway:
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,
+            history_max_bytes=history_max_bytes,
         )
         self.h.route = self.h.route_for(self.h.source)
         self.decoder = OrjsonEventDecoder()
@@ -57,8 +61,14 @@ class Gateway:
         self.feed = feed or InMemoryEventFeed(
             self.h.broadcaster, decoder=self.decoder, metrics=self.metrics, queue_size=queue_size
         )
+        trimmed_above = (
+            None if largest_event_bytes is None else history_max_bytes - largest_event_bytes
+        )
         self.limits = StreamLimits(
-            keepalive_s=keepalive_s, max_wait_s=max_wait_s, history_size=history_size
+            keepalive_s=keepalive_s,
+            max_wait_s=max_wait_s,
+            history_size=history_size,
+            history_trimmed_above_bytes=trimmed_above,
         )
         self.stream = StreamJobEvents(
             feed=self.feed,
@@ -390,6 +400,21 @@ class TestSnapshots:
         await gw.produce("job-1", 7, **DONE)
 
         assert await viewer.ended() == ["snapshot:6", "4:scan", "5:scan", "6:scan", "7:done"]
+        assert gw.metrics.snapshots == 1
+
+    async def test_a_last_event_id_older_than_a_history_trimmed_by_bytes_gets_a_snapshot(
+        self,
+    ) -> None:
+        # Two of these events fill the byte cap, far fewer than the history's size.
+        gw = Gateway(history_size=100, history_max_bytes=1200, largest_event_bytes=500)
+        await gw.h.source.prepare()
+        await gw.produce("job-1", 1, 2, 3, 4, 5, 6, note="x" * 300)
+        assert await gw.h.history_seqs("job-1") == [5, 6]
+
+        viewer = await gw.connected(last_event_id=1)
+        await gw.produce("job-1", 7, **DONE)
+
+        assert await viewer.ended() == ["snapshot:6", "5:scan", "6:scan", "7:done"]
         assert gw.metrics.snapshots == 1
 
     async def test_a_last_event_id_inside_a_full_history_gets_no_snapshot(self) -> None:

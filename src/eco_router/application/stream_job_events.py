@@ -47,6 +47,8 @@ class StreamLimits:
     keepalive_s: float = 15.0
     max_wait_s: float = 300.0
     history_size: int = 100
+    # A history whose payloads exceed this may have lost events to the byte cap (None: no cap).
+    history_trimmed_above_bytes: int | None = None
 
 
 class StreamJobEvents:
@@ -193,6 +195,8 @@ class StreamJobEvents:
             history=history,
             state=state,
             history_size=self._limits.history_size,
+            history_bytes=sum(map(len, view.history)),
+            trimmed_above_bytes=self._limits.history_trimmed_above_bytes,
         )
         frames = []
         if plan.snapshot:

@@ -79,19 +79,23 @@ def plan_replay(
     history: Sequence[GatewayEvent],
     state: GatewayEvent | None,
     history_size: int,
+    history_bytes: int = 0,
+    trimmed_above_bytes: int | None = None,
 ) -> ReplayPlan:
     """Replay every history event after `last_event_id`, in seq order.
 
-    A snapshot comes first when the job is unknown, or when the history is full and no longer
-    reaches back to the client's id (or to the start, for a new client): the client then knows
-    it may have missed events instead of living with a silent gap.
+    A snapshot comes first when the job is unknown, or when the history may have lost its
+    oldest events and no longer reaches back to the client's id (or to the start, for a new
+    client): the client then knows it may have missed events instead of living with a silent
+    gap. A history may have lost events when it is full (`history_size` events) or, under a
+    byte cap, when its payloads (`history_bytes`) exceed `trimmed_above_bytes`: the cap less
+    the largest event, what a history trimmed by bytes always keeps more than.
     """
     ordered = sorted(history, key=lambda e: e.seq)
     after = -1 if last_event_id is None else last_event_id
     events = [e for e in ordered if e.seq > after]
     unknown = state is None and not ordered
-    # A full history may have lost its oldest events to trimming: unless it still reaches
-    # back to the client's id, the client cannot be sure it has seen everything.
     reaches_back = last_event_id is not None and bool(ordered) and ordered[0].seq <= after + 1
-    gap = len(ordered) >= history_size and not reaches_back
+    trimmed_by_bytes = trimmed_above_bytes is not None and history_bytes > trimmed_above_bytes
+    gap = (len(ordered) >= history_size or trimmed_by_bytes) and not reaches_back
     return ReplayPlan(snapshot=unknown or gap, events=events)

@@ -206,6 +206,7 @@ class Container(containers.DeclarativeContainer):
         keepalive_s=settings.provided.sse_keepalive_s,
         max_wait_s=settings.provided.sse_max_wait_s,
         history_size=settings.provided.history_size,
+        history_trimmed_above_bytes=settings.provided.history_trimmed_above_bytes,
     )
     stream_job_events = providers.Singleton(
         StreamJobEvents,

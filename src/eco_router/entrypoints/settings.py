@@ -176,6 +176,11 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def history_trimmed_above_bytes(self) -> int:
+        """A history trimmed by bytes keeps more than the cap less its largest event."""
+        return self.history_max_bytes - self.max_result_bytes
+
+    @property
     def event_size_limits(self) -> EventSizeLimits:
         return EventSizeLimits(self.max_event_bytes, self.max_result_bytes)
 
