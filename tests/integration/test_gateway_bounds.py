@@ -365,5 +365,23 @@ class TestStreamsPerClient:
         assert status_again == 200
 
 
+    async def test_console_streams_count_toward_the_cap_per_address(
+        self, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        settings = gateway_settings(
+            streams_server.url, pubsub_server.url, sse_max_per_client=1, console=True
+        )
+        async with (
+            served_gateway(settings) as served,
+            sse_client(served.base_url) as http,
+            open_sse(http, "/console/api/stream") as console,
+        ):
+            async with open_sse(http, events_path(new_job("job"))) as job:
+                refused = (job.status_code, job.response.headers.get("Retry-After"))
+
+        assert console.status_code == 200
+        assert refused == (429, "5")
+
+
 def served_streams(served: ServedGateway) -> int:
     return int(served.app.state.client_streams.open_streams("127.0.0.1"))

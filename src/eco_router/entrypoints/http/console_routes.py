@@ -31,8 +31,12 @@ from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
 from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 from eco_router.entrypoints.http.public_errors import EpisodeLog
-from eco_router.entrypoints.http.sse_responses import SSE_HEADERS, bearer_token
+from eco_router.entrypoints.http.sse_responses import (
+    ClosingStreamingResponse,
+    bearer_token,
+)
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -107,8 +111,21 @@ async def stream(
 ) -> StreamingResponse:
     closing: asyncio.Event = request.app.state.console_closing
     episodes: EpisodeLog = request.app.state.console_episodes
+    # Console streams count toward the same cap per client address as job streams.
+    client_streams: ClientStreams = request.app.state.client_streams
+    client = request.client.host if request.client else "unknown"
+    if not client_streams.acquire(client):
+        raise HTTPException(
+            429,
+            "too many open streams from this address",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    async def close() -> None:
+        client_streams.release(client)
+
     frames = _snapshot_frames(read, settings.console_refresh_s, closing, episodes)
-    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    return ClosingStreamingResponse(frames, close=close)
 
 
 @router.get("/api/dead-letters", dependencies=[Admin])

@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from eco_router.application.ports import Authorizer
-from eco_router.application.stream_job_events import JobStream, StreamJobEvents
+from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 
 JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -83,8 +83,9 @@ class ClosingStreamingResponse(StreamingResponse):
     """An SSE response that ends its stream however the response ends, even before its first
     frame (a client gone at once): nothing it holds outlives the request."""
 
-    def __init__(self, stream: JobStream, *, close: Callable[[], Awaitable[None]]) -> None:
-        frames: AsyncIterable[bytes] = stream
+    def __init__(
+        self, frames: AsyncIterable[bytes], *, close: Callable[[], Awaitable[None]]
+    ) -> None:
         super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
         self._close = close
 
