@@ -375,9 +375,9 @@ class TestStreamsPerClient:
             served_gateway(settings) as served,
             sse_client(served.base_url) as http,
             open_sse(http, "/console/api/stream") as console,
+            open_sse(http, events_path(new_job("job"))) as job,
         ):
-            async with open_sse(http, events_path(new_job("job"))) as job:
-                refused = (job.status_code, job.response.headers.get("Retry-After"))
+            refused = (job.status_code, job.response.headers.get("Retry-After"))
 
         assert console.status_code == 200
         assert refused == (429, "5")
