@@ -364,7 +364,6 @@ class TestStreamsPerClient:
         assert (first.status_code, snapshot.event) == (200, "snapshot")
         assert status_again == 200
 
-
     async def test_console_streams_count_toward_the_cap_per_address(
         self, streams_server: RedisServer, pubsub_server: RedisServer
     ) -> None:
