@@ -1,5 +1,6 @@
 """Shared fixtures: private redis-server processes and clients bound to the test's loop."""
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -9,6 +10,18 @@ from redis.asyncio import Redis
 from eco_router.testing import RedisServer
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+# The documented default URL, redis://localhost:6379/0, may be some other service's server on a
+# developer's machine. Any test or process it starts that forgets to name its server gets a
+# closed port instead, so it fails loudly rather than writing to a server it did not start.
+UNREACHABLE_URL = "redis://127.0.0.1:1/0"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    del config
+    for name in ("REDIS_STREAMS_URL", "REDIS_PUBSUB_URL"):
+        os.environ[name] = UNREACHABLE_URL
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
