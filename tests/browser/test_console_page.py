@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import jwt
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -195,6 +196,38 @@ class TestDeadLetters:
         page.get_by_label("filter dead letters").fill("")
         expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(1)
 
+    def test_replay_all_matching_replays_the_number_it_confirms_and_says_what_of_n_means(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        # More matching letters than the page lists (100), beside some that do not match.
+        with console_server.redis.pipeline(transaction=False) as pipe:
+            for n in range(150):
+                pipe.xadd(SCAN.dead_letter_stream, _letter_of(f"browser-bulk-{n}", SCAN.streams[0]))
+            for n in range(11):
+                pipe.xadd(
+                    SCAN.dead_letter_stream, _letter_of(f"browser-spare-{n}", SCAN.streams[0])
+                )
+            pipe.execute()
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+        page.get_by_label("filter dead letters").fill("browser-bulk-")
+
+        expect(page.locator("#dl-table tbody tr")).to_have_count(100)
+        expect(page.locator("#dl-count")).to_contain_text("100 shown of 150 matching · ")
+        page.get_by_role("button", name="Replay all matching").click()
+        confirm = page.get_by_role("button", name="Click again to replay 150 matching")
+        expect(confirm).to_be_visible()
+        confirm.click()
+
+        expect(page.locator("#dl-notice")).to_have_text("Replayed 150 dead letters")
+        expect(page.locator("#dl-empty")).to_be_visible()
+        left = [
+            fields.get(b"field:job_id", b"").decode()
+            for _, fields in console_server.redis.xrange(SCAN.dead_letter_stream)
+        ]
+        assert not [job for job in left if job.startswith("browser-bulk-")]
+        assert sum(job.startswith("browser-spare-") for job in left) == 11
+
     def test_stored_strings_are_shown_as_text_never_as_markup(
         self, page: Page, console_server: ConsoleServer
     ) -> None:
@@ -211,6 +244,23 @@ class TestDeadLetters:
         assert row.locator("img, b").count() == 0
         assert page.evaluate("window.__pwned") is None
 
+    def test_control_and_format_characters_are_shown_escaped_as_the_cli_does(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = "browser-ctl\x1b[2J\u202e\u200b"
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+
+        console_server.redis.xadd(SCAN.streams[0], {"job_id": job, "seq": "1", "note": "a\rb"})
+
+        row = page.locator("#dl-table tbody tr", has_text="browser-ctl")
+        expect(row).to_have_count(1)
+        expect(row.locator("td.job")).to_have_text("browser-ctl\\u001b[2J\\u202e\\u200b")
+        row.locator("summary").click()
+        expect(row.locator("pre.fields")).to_contain_text("note=a\\u000db")
+        shown = row.evaluate("row => row.textContent")
+        # The only line breaks are those between fields, which the page puts there.
+        assert not [c for c in shown if not c.isprintable() and c not in " \n"], repr(shown)
+
 
 class TestJobLookup:
     def test_an_unknown_job_says_so(self, page: Page) -> None:
@@ -221,6 +271,25 @@ class TestJobLookup:
 
         expect(page.locator("#job-notice")).to_contain_text("unknown or expired")
         expect(page.locator("#job-result")).to_be_hidden()
+
+    def test_a_failed_job_shows_the_last_progress_it_reported(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(0, "browser-failed")
+        stream = SCAN.streams[0]
+        event = {"job_id": job, "stage": "answer"}
+        console_server.redis.xadd(
+            stream, {**event, "seq": "30", "status": "started", "progress": "46"}
+        )
+        console_server.redis.xadd(stream, {**event, "seq": "32", "status": "failed"})
+        _wait_until_routed(console_server, job, events=2)
+
+        page.get_by_label("job id").fill(job)
+        page.get_by_role("button", name="Look up").click()
+        expect(page.locator("#job-history tbody tr")).to_have_count(2)
+
+        expect(page.locator("#job-status")).to_have_text("failed")
+        expect(page.locator("#job-state")).to_contain_text("progress 46%")
 
 
 class TestSigningIn:
@@ -252,6 +321,17 @@ class TestSigningIn:
             assert cookie["httpOnly"] is True
         finally:
             context.close()
+
+
+def _wait_until_routed(server: ConsoleServer, job: str, *, events: int) -> None:
+    url = f"{server.base_url}/console/api/jobs/scan/{job}"
+    deadline = time.monotonic() + JOB_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        found = httpx.get(url, timeout=5.0, trust_env=False)
+        if found.status_code == 200 and len(found.json()["history"]) >= events:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{job}: {events} events not routed in time")
 
 
 def _token(**claims: object) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from eco_router.application.errors import TransientError
+from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import Delivery, ShardStats
 from eco_router.application.ports import EventSource
 from tests.contracts.factories import CHAT, GROUP, SCAN
@@ -54,6 +54,14 @@ class EventSourceContract:
 
     async def delete_stream(self, stream: str) -> None:
         """DEL the stream key, its groups with it."""
+        raise NotImplementedError
+
+    async def break_shard(self, stream: str) -> None:
+        """Replace the stream key by a string, as `DEL` then `SET key x` would."""
+        raise NotImplementedError
+
+    async def destroy_group(self, stream: str) -> None:
+        """XGROUP DESTROY the group on `stream`, its entries kept."""
         raise NotImplementedError
 
     async def let_time_pass(self, ms: int) -> None:
@@ -270,6 +278,60 @@ class EventSourceContract:
 
         assert await self.read_all(source) == []
         assert stats_of(await source.shard_stats(), CHAT_0).lag == 0
+
+    async def test_a_destroyed_group_comes_back_after_the_reader_s_position(self) -> None:
+        source = await self.prepared_source()
+        read = await self.append_many(SCAN_0, 2)
+        await self.read_all(source)
+        await source.ack(await self.claim_all(source, SCAN_0))
+        await self.destroy_group(SCAN_0)
+        written = await self.append(SCAN_0, fields_of(3))
+
+        batch = await source.read_new({**FROM_START, SCAN_0: read[-1]}, count=100)
+
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(SCAN_0, written)]
+        assert batch.regrouped == {SCAN_0: read[-1]}
+
+    async def test_a_shard_of_the_wrong_type_is_reported_broken_and_the_others_read(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 1)
+        chat = await self.append_many(CHAT_0, 1)
+        await self.break_shard(SCAN_0)
+
+        batch = await source.read_new(FROM_START, count=100)
+
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(CHAT_0, chat[0])]
+        assert list(batch.broken) == [SCAN_0]
+        assert batch.broken[SCAN_0].key == SCAN_0
+        assert "WRONGTYPE" in batch.broken[SCAN_0].cause
+
+    async def test_prepare_reports_a_shard_of_the_wrong_type_and_creates_the_others(
+        self,
+    ) -> None:
+        source = await self.make_source(consumer="consumer-a")
+        await self.break_shard(SCAN_1)
+
+        broken = await source.prepare()
+
+        assert list(broken) == [SCAN_1]
+        stats = await source.shard_stats()
+        assert [(s.stream, s.lag) for s in stats] == [(SCAN_0, 0), (SCAN_1, None), (CHAT_0, 0)]
+
+    async def test_a_claim_or_ack_on_a_shard_of_the_wrong_type_names_it(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(SCAN_0, 1)
+        deliveries = await self.read_all(source)
+        await self.break_shard(SCAN_0)
+
+        with pytest.raises(PermanentError) as claimed:
+            await self.claim_all(source, SCAN_0)
+        with pytest.raises(PermanentError) as acked:
+            await source.ack(deliveries)
+
+        assert claimed.value.key == SCAN_0
+        assert acked.value.key == SCAN_0
 
     # wait_for_new
 

@@ -224,7 +224,8 @@ def router_env(
     *, streams_url: str, pubsub_url: str, name: str, settings: Mapping[str, str]
 ) -> dict[str, str]:
     """A router's environment: the documented defaults, but for the servers' addresses, the
-    consumer name, the loopback HTTP address and `settings` (a scenario's shortened ones)."""
+    consumer name, the loopback HTTP address, the gateway's /metrics turned on and `settings`
+    (a scenario's shortened ones)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -236,6 +237,8 @@ def router_env(
         "EVENT_ROUTER_CONSUMER_NAME": name,
         "EVENT_ROUTER_HTTP_HOST": "127.0.0.1",
         "EVENT_ROUTER_HTTP_PORT": "0",
+        # The checks read every router's metrics, the gateway's too; routing is unchanged.
+        "EVENT_ROUTER_GATEWAY_METRICS": "true",
     }
     return env | dict(settings)
 

@@ -65,7 +65,8 @@ it had already started may still go out: a seq already published, which the gate
 A router stopped with SIGTERM hands its shards over at once.
 
 **Settings.** Every router runs with the documented defaults; only the servers' addresses,
-the consumer names and the loopback HTTP ports are set. Each scenario's `settings` line says
+the consumer names and the loopback HTTP ports are set, and the gateway's `/metrics` is turned
+on for the checks to read. Each scenario's `settings` line says
 so, or names any setting changed.
 
 **Time to recover** runs from the moment named in the table (the kill or the pause itself,

@@ -199,6 +199,25 @@ class TestDeadLetters:
         assert "1-1" in response.json()["detail"]
         assert [x["dlq_id"] for x in await letters(client, q=job)] == [dlq_id]
 
+    async def test_all_matching_with_a_count_that_no_longer_holds_is_409_and_replays_nothing(
+        self, client: httpx.AsyncClient, streams: Redis
+    ) -> None:
+        job = job_in_shard(SCAN, 0, "confirmed")
+        for _ in range(2):
+            await add_raw(streams, SCAN.dead_letter_stream, _letter_of(job, SCAN.streams[0]))
+        listed = await client.get("/console/api/dead-letters", params={"domain": "scan", "q": job})
+        [page] = listed.json()["domains"]
+
+        response = await client.post(
+            "/console/api/dead-letters/replay",
+            json={"domain": "scan", "all_matching": True, "q": job, "expected": 1},
+        )
+
+        assert page["matching"] == 2
+        assert response.status_code == 409, response.text
+        assert "2 dead letters of scan match now, not the 1" in response.json()["detail"]
+        assert len(await letters(client, q=job)) == 2
+
     @pytest.mark.parametrize(
         ("body", "status"),
         [

@@ -18,6 +18,7 @@ from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.http import console_routes
+from eco_router.entrypoints.http.public_errors import EpisodeLog
 
 SCAN = StreamFamily("scan:events", 2)
 
@@ -43,7 +44,7 @@ def parse(frame: bytes) -> tuple[str, dict[str, Any]]:
 
 async def test_the_stream_sends_a_retry_hint_then_snapshots() -> None:
     read, _ = reader()
-    frames = console_routes._snapshot_frames(read, 0.01, asyncio.Event())
+    frames = console_routes._snapshot_frames(read, 0.01, asyncio.Event(), EpisodeLog())
 
     assert await anext(frames) == b"retry: 10\n\n"
     event, data = parse(await anext(frames))
@@ -55,7 +56,7 @@ async def test_the_stream_sends_a_retry_hint_then_snapshots() -> None:
 
 async def test_while_the_state_cannot_be_read_the_stream_says_why_and_goes_on() -> None:
     read, leases = reader()
-    frames = console_routes._snapshot_frames(read, 0.01, asyncio.Event())
+    frames = console_routes._snapshot_frames(read, 0.01, asyncio.Event(), EpisodeLog())
     await anext(frames)
     leases.available = False
 
@@ -64,7 +65,8 @@ async def test_while_the_state_cannot_be_read_the_stream_says_why_and_goes_on() 
     after, _ = parse(await anext(frames))
 
     assert event == "unavailable"
-    assert "unavailable" in str(data["detail"])
+    # The adapter's own words (addresses, driver text) are for the log only.
+    assert data == {"detail": "redis unavailable, retry later"}
     assert after == "snapshot"
     await frames.aclose()
 
@@ -74,7 +76,7 @@ async def test_shutting_down_ends_every_open_stream() -> None:
     app.state.console_closing = asyncio.Event()
     read, _ = reader()
     # A refresh far longer than any test: only the shutdown can end the wait.
-    frames = console_routes._snapshot_frames(read, 3600, app.state.console_closing)
+    frames = console_routes._snapshot_frames(read, 3600, app.state.console_closing, EpisodeLog())
     await anext(frames)
     await anext(frames)
 

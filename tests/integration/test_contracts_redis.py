@@ -58,6 +58,13 @@ class TestRedisStreamEventSource(EventSourceContract):
     async def delete_stream(self, stream: str) -> None:
         await self.redis.delete(stream)
 
+    async def break_shard(self, stream: str) -> None:
+        await self.redis.delete(stream)
+        await self.redis.set(stream, "x")
+
+    async def destroy_group(self, stream: str) -> None:
+        await self.redis.xgroup_destroy(stream, GROUP)
+
     async def let_time_pass(self, ms: int) -> None:
         # Idle times are the server's own clock: only real time makes entries idle.
         await asyncio.sleep(ms / 1000)

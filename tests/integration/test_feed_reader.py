@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -12,9 +12,10 @@ from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.application.errors import TransientError
+from eco_router.application.feed_health import FeedHealth
 from eco_router.testing import RedisServer
 from tests.contracts.event_feed import seqs
-from tests.contracts.factories import encoded
+from tests.contracts.factories import encoded, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +23,14 @@ PREFIX = "sse:feed-reader"
 
 
 @pytest.fixture
-async def feed(pubsub_server: RedisServer) -> AsyncIterator[RedisPubSubEventFeed]:
+def health() -> FeedHealth:
+    return FeedHealth()
+
+
+@pytest.fixture
+async def feed(
+    pubsub_server: RedisServer, health: FeedHealth
+) -> AsyncIterator[RedisPubSubEventFeed]:
     """A feed whose user may subscribe to the channels of `allowed-*` jobs only."""
     admin = Redis.from_url(pubsub_server.url)
     await admin.execute_command(
@@ -36,6 +44,7 @@ async def feed(pubsub_server: RedisServer) -> AsyncIterator[RedisPubSubEventFeed
         decoder=OrjsonEventDecoder(),
         metrics=InMemoryGatewayMetrics(),
         confirm_timeout_s=2.0,
+        health=health,
     )
     await feed.start()
     yield feed
@@ -47,13 +56,23 @@ async def feed(pubsub_server: RedisServer) -> AsyncIterator[RedisPubSubEventFeed
 
 class TestARefusedSubscription:
     async def test_fails_its_viewer_and_the_next_viewers_are_served(
-        self, feed: RedisPubSubEventFeed, pubsub_redis: Redis
+        self, feed: RedisPubSubEventFeed, pubsub_redis: Redis, health: FeedHealth
     ) -> None:
         with pytest.raises(TransientError, match="permissions"):
             await feed.subscribe("scan", "refused-1")
+        refused = health.checks()["feed"]
 
         viewer = await feed.subscribe("scan", "allowed-1")
         broadcaster = RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX)
         await broadcaster.publish([encoded(job_id="allowed-1", seq=1)])
 
         assert await seqs(viewer, 1) == [1]
+        assert "permissions" in refused
+        await wait_until(_ok(health), what="the feed check back to ok")
+
+
+def _ok(health: FeedHealth) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return health.checks() == {"feed": "ok"}
+
+    return probe

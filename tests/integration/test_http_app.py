@@ -117,7 +117,14 @@ class TestHttpAppOnRedis:
 
         assert health.status_code == 200
         assert health.json() == {"status": "ok"}
-        assert readiness.json()["checks"] == {"streams": "ok", "pubsub": "ok", "router": "ok"}
+        assert readiness.json()["checks"] == {
+            "streams": "ok",
+            "pubsub": "ok",
+            "consumer": "ok",
+            "leases": "ok",
+            "reclaimer": "ok",
+            "observer": "ok",
+        }
         assert routed == 1
         state = await job_state(streams_redis, "scan-http")
         assert state is not None

@@ -79,7 +79,14 @@ class TestOpsEndpoints:
         assert ready.status_code == 200
         assert ready.json() == {
             "ready": True,
-            "checks": {"streams": "ok", "pubsub": "ok", "router": "ok"},
+            "checks": {
+                "streams": "ok",
+                "pubsub": "ok",
+                "consumer": "ok",
+                "leases": "ok",
+                "reclaimer": "ok",
+                "observer": "ok",
+            },
         }
         assert routed == 1
 

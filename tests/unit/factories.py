@@ -191,6 +191,7 @@ class Harness:
             clock=self.clock,
             min_idle_ms=min_idle_ms,
             page_size=page_size,
+            backoff=Backoff(initial_s=0.001, max_s=0.01),
         )
 
     def consume_loop(

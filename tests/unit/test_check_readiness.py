@@ -31,7 +31,14 @@ class TestWithARouter:
             stop.set()
             await running
 
-        assert checks == {"streams": "ok", "pubsub": "ok", "router": "ok"}
+        assert checks == {
+            "streams": "ok",
+            "pubsub": "ok",
+            "leases": "ok",
+            "consumer": "ok",
+            "reclaimer": "ok",
+            "observer": "ok",
+        }
 
     async def test_a_router_that_is_not_running_is_reported(self) -> None:
         h = Harness()

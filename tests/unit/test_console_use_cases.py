@@ -19,7 +19,7 @@ from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDea
 from eco_router.application.domains import UnknownDomain
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.messages import DeadLetter, Delivery
-from eco_router.application.replay_dead_letters import ReplayDeadLetters
+from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily
 from tests.contracts.factories import encoded
@@ -313,6 +313,19 @@ class TestListDeadLetters:
 
         assert (len(scan.letters), scan.total, scan.scanned) == (2, 3, 3)
 
+    async def test_matching_counts_every_match_scanned_not_only_those_returned(
+        self, pipeline: Pipeline
+    ) -> None:
+        for _ in range(3):
+            await pipeline.dead_letter(SCAN.streams[0], RejectReason.SEQ_NOT_INTEGER, seq="x")
+        await pipeline.dead_letter(SCAN.streams[0], RejectReason.MISSING_SEQ, seq=None)
+
+        (scan,) = await ListDeadLetters(archive=pipeline.archive, families=FAMILIES)(
+            "scan", matching=DeadLetterFilter(reason="seq_not_integer"), count=2
+        )
+
+        assert (len(scan.letters), scan.matching, scan.total) == (2, 3, 4)
+
     async def test_an_unknown_domain_is_refused_naming_the_known_ones(
         self, pipeline: Pipeline
     ) -> None:
@@ -358,6 +371,29 @@ class TestReplayDeadLetters:
 
         assert len(replayed) == 2
         assert [x.reason for x in await pipeline.archive.oldest(SCAN)] == ["seq_not_integer"]
+
+    async def test_all_matching_with_the_confirmed_count_replays_that_many(
+        self, pipeline: Pipeline
+    ) -> None:
+        for _ in range(3):
+            await pipeline.dead_letter(SCAN.streams[0], RejectReason.SEQ_NOT_INTEGER, seq="x")
+        replay = ReplayDeadLetters(archive=pipeline.archive, families=FAMILIES)
+
+        replayed = await replay("scan", matching=DeadLetterFilter(), expected=3)
+
+        assert len(replayed) == 3
+
+    async def test_all_matching_when_more_match_than_confirmed_replays_nothing(
+        self, pipeline: Pipeline
+    ) -> None:
+        for _ in range(3):
+            await pipeline.dead_letter(SCAN.streams[0], RejectReason.SEQ_NOT_INTEGER, seq="x")
+        replay = ReplayDeadLetters(archive=pipeline.archive, families=FAMILIES)
+
+        with pytest.raises(SelectionChanged, match="3 dead letters of scan match now, not the 2"):
+            await replay("scan", matching=DeadLetterFilter(), expected=2)
+
+        assert len(await pipeline.archive.oldest(SCAN)) == 3
 
     async def test_a_filter_matching_nothing_replays_nothing(self, pipeline: Pipeline) -> None:
         await pipeline.dead_letter(SCAN.streams[0], RejectReason.SEQ_NOT_INTEGER, seq="x")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.errors import PermanentError
 from eco_router.application.held_shards import HeldShards
 from eco_router.application.messages import Applied, EncodedEvent
 from eco_router.domain.verdict import Verdict
@@ -35,9 +36,9 @@ class CountingSource(InMemoryEventSource):
 
     prepare_calls = 0
 
-    async def prepare(self) -> None:
+    async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
         self.prepare_calls += 1
-        await super().prepare()
+        return await super().prepare(streams)
 
 
 class FailingOnceStore(InMemoryStateStore):
@@ -250,6 +251,7 @@ class TestTakeOver:
             h.xadd("job-1", 1)
             await eventually(lambda: h.published_seqs("job-1") == [1])
             h.streams.delete_stream("scan:events:2")
+            h.clock.advance(1)  # a stream appended to again gets ids of a later millisecond
             h.xadd("job-1", 2)
             await eventually(lambda: h.published_seqs("job-1") == [1, 2])
             await eventually(lambda: h.pending() == {})

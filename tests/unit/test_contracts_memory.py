@@ -53,6 +53,12 @@ class TestInMemoryEventSource(EventSourceContract):
     async def delete_stream(self, stream: str) -> None:
         self.streams.delete_stream(stream)
 
+    async def break_shard(self, stream: str) -> None:
+        self.streams.break_shard(stream)
+
+    async def destroy_group(self, stream: str) -> None:
+        self.streams.destroy_group(stream, GROUP)
+
     async def let_time_pass(self, ms: int) -> None:
         self.clock.advance(ms)
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
+from eco_router.application.messages import Applied, EncodedEvent
 from eco_router.application.reclaim_pending import ReclaimPending
-from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness
+from eco_router.application.router_health import RouterHealth
+from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness, eventually
 
 MIN_IDLE_MS = 30_000
 
@@ -193,7 +198,7 @@ class TestEntriesThatCannotBeRouted:
         assert h.pending() == {}
         assert h.broadcaster.sent == []
 
-    async def test_a_failed_publish_leaves_the_entry_for_the_next_pass(
+    async def test_a_failed_publish_is_routed_again_without_claiming_the_entry_again(
         self, h: Harness, b: InMemoryEventSource
     ) -> None:
         entry_id = h.xadd("job-1", 1)
@@ -201,16 +206,17 @@ class TestEntriesThatCannotBeRouted:
         h.clock.advance(MIN_IDLE_MS)
         h.broadcaster = DownAfterPing(channel_prefix=CHANNEL_PREFIX)
         reclaim = h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)
-        await reclaim()
+        passing = asyncio.create_task(reclaim())
+        await eventually(lambda: h.metrics.publish_errors >= h.max_deliveries + 2)
         assert h.pending()[entry_id].consumer == "b"
         h.broadcaster.available = True
-        h.clock.advance(MIN_IDLE_MS)
 
-        await reclaim()
+        assert await passing == 1
 
         assert h.published_seqs("job-1") == [1]
         assert await h.history_seqs("job-1") == [1]
         assert h.pending() == {}
+        assert h.dead_lettered() == []
 
 
 class TestWhilePubSubIsDown:
@@ -243,3 +249,95 @@ class TestWhilePubSubIsDown:
         assert h.published_seqs("job-1") == [1, 2]
         assert h.dead_lettered() == []
         assert h.pending() == {}
+
+
+class CountingStore(InMemoryStateStore):
+    """A state store that counts the batches it was asked to apply."""
+
+    attempts = 0
+
+    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+        self.attempts += 1
+        return await super().apply(events, fence)
+
+
+class TestWhileTheStoreRefusesWrites:
+    """Redis out of memory: every apply fails transiently until memory frees."""
+
+    async def test_a_long_episode_dead_letters_no_valid_event(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        store = CountingStore(
+            clock=h.clock, leases=h.leases, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+        )
+        h.store = store
+        entry_id = h.xadd("job-1", 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        store.available = False
+        passing = asyncio.create_task(h.reclaimer(b, min_idle_ms=MIN_IDLE_MS)())
+        await eventually(lambda: store.attempts > h.max_deliveries + 2)
+        assert h.pending()[entry_id].count == 2
+        store.available = True
+
+        assert await passing == 1
+
+        assert h.published_seqs("job-1") == [1]
+        assert h.dead_lettered() == []
+        assert h.pending() == {}
+
+    async def test_nothing_is_claimed_while_the_consumer_retries_a_batch(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        entry_id = h.xadd("job-1", 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        health = RouterHealth(clock=h.clock, metrics=h.metrics)
+        health.troubled("consumer", TransientError("OOM command not allowed"))
+        reclaim = ReclaimPending(
+            source=b,
+            broadcaster=h.broadcaster,
+            route=h.route_batch(b),
+            held=h.held_shards(),
+            metrics=h.metrics,
+            clock=h.clock,
+            min_idle_ms=MIN_IDLE_MS,
+            page_size=100,
+            health=health,
+        )
+
+        assert await reclaim() == 0
+
+        assert h.pending()[entry_id].consumer == "a"
+        assert h.pending()[entry_id].count == 1
+
+
+class TestAShardThatFails:
+    async def test_a_shard_of_the_wrong_type_is_quarantined_and_the_others_reclaimed(
+        self, h: Harness, b: InMemoryEventSource
+    ) -> None:
+        jobs = {FAMILY.stream_for(f"job-{n}"): f"job-{n}" for n in range(40)}
+        for job in jobs.values():
+            h.xadd(job, 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        broken = FAMILY.streams[0]
+        h.streams.break_shard(broken)
+        health = RouterHealth(clock=h.clock, metrics=h.metrics, families=[FAMILY])
+        reclaim = ReclaimPending(
+            source=b,
+            broadcaster=h.broadcaster,
+            route=h.route_batch(b),
+            held=h.held_shards(),
+            metrics=h.metrics,
+            clock=h.clock,
+            min_idle_ms=MIN_IDLE_MS,
+            page_size=100,
+            health=health,
+        )
+
+        assert await reclaim() == len(jobs) - 1
+
+        assert all(h.published_seqs(j) == [1] for s, j in jobs.items() if s != broken)
+        assert f"shard {broken}" in health.checks()
+        assert (FAMILY.domain, 0) in h.metrics.quarantined

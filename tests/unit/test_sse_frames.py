@@ -100,7 +100,7 @@ class TestFrames:
 
         frame = snapshot_frame(state, "job-1")
 
-        assert frame == b'event: snapshot\ndata: {"seq":5}\n\n'
+        assert frame == b'event: snapshot\ndata: {"job_id":"job-1","state":{"seq":5}}\n\n'
         assert not any(line.startswith(b"id:") for line in frame.split(b"\n"))
 
     def test_the_snapshot_of_an_unknown_job_names_it_with_a_null_state(self) -> None:

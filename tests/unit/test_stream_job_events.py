@@ -139,9 +139,10 @@ def _describe(frame: bytes) -> str:
         assert data["seq"] == int(fields["id"]), frame
         return f"{fields['id']}:{fields['event']}"
     if fields["event"] == "snapshot":
-        if data.get("state", "absent") is None:
+        assert set(data) == {"job_id", "state"}, frame  # one shape, known job or not
+        if data["state"] is None:
             return "snapshot:null"
-        return f"snapshot:{data['seq']}"
+        return f"snapshot:{data['state']['seq']}"
     return f"{fields['event']}:{data['error']}"
 
 
@@ -576,7 +577,7 @@ class TestTimers:
 
 
 class TestSlowClients:
-    async def test_an_overflow_leads_to_a_snapshot_then_the_missing_events_then_done(
+    async def test_an_overflow_the_history_covers_leads_to_the_missing_events_without_a_snapshot(
         self,
     ) -> None:
         gw = Gateway(queue_size=2)
@@ -593,7 +594,6 @@ class TestSlowClients:
 
         assert await viewer.ended() == [
             "1:scan",
-            "snapshot:6",
             "2:scan",
             "3:scan",
             "4:scan",
@@ -601,11 +601,11 @@ class TestSlowClients:
             "6:done",
         ]
         assert gw.metrics.dropped == 3  # the oldest three; 5 and done stay queued
-        assert gw.metrics.snapshots == 1
+        assert gw.metrics.snapshots == 0
         assert gw.metrics.sent == Counter({"replay": 6})
         assert gw.metrics.closed == Counter({"done": 1})
 
-    async def test_a_feed_gap_leads_to_a_snapshot_and_the_history_after_the_last_sent(
+    async def test_a_feed_gap_the_history_covers_sends_the_missed_events_and_no_snapshot(
         self,
     ) -> None:
         gateway, _ = await scripted_gateway(
@@ -624,15 +624,39 @@ class TestSlowClients:
                     await gateway.produce("job-1", 4, **DONE)
             return describe(frames)
 
+        assert await collect_while_routing() == ["1:scan", "2:scan", "3:scan", "4:done"]
+        assert gateway.metrics.snapshots == 0
+        assert gateway.metrics.sent == Counter({"replay": 4})
+
+    async def test_a_feed_gap_the_history_no_longer_covers_sends_a_snapshot_first(
+        self,
+    ) -> None:
+        gateway, _ = await scripted_gateway(
+            [(1.0, FeedGap("reconnect")), (2.0, gateway_event(seq=9, **DONE))],
+            keepalive_s=15,
+            max_wait_s=60,
+            history_size=3,
+        )
+        await gateway.produce("job-1", 1, 2)
+
+        async def collect_while_routing() -> list[str]:
+            frames = []
+            async for frame in gateway.stream("scan", "job-1", None):
+                frames.append(frame)
+                if len(frames) == 2:  # 3 and 4 are trimmed from the history before the gap
+                    await gateway.produce("job-1", 3, 4, 5, 6)
+                    await gateway.produce("job-1", 9, **DONE)
+            return describe(frames)
+
         assert await collect_while_routing() == [
             "1:scan",
             "2:scan",
-            "snapshot:4",
-            "3:scan",
-            "4:done",
+            "snapshot:9",
+            "5:scan",
+            "6:scan",
+            "9:done",
         ]
         assert gateway.metrics.snapshots == 1
-        assert gateway.metrics.sent == Counter({"replay": 4})
 
 
 class TestMetrics:

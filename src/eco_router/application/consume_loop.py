@@ -9,11 +9,12 @@ import time
 from collections.abc import Mapping, Sequence
 
 from eco_router.application.backoff import Backoff
-from eco_router.application.errors import TransientError
+from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.held_shards import HeldShards, Phase, streams_of
 from eco_router.application.messages import Delivery, ReadBatch
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
+from eco_router.application.router_health import RouterHealth
 from eco_router.application.stopping import sleep_unless_stopped
 from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
@@ -42,6 +43,10 @@ class ConsumeLoop:
       memory, back off exponentially (bounded) and route it again; read nothing new meanwhile.
       A read that failed may have taken entries whose reply was lost: its shards are taken
       over again (their pending entries claimed and routed) before anything newer is read.
+    - A shard the server refuses for good (a key of the wrong type) is quarantined
+      (`RouterHealth`): not read nor claimed, tried again every so often; the others go on.
+    - A group that vanished (XGROUP DESTROY) is created again at this router's position on
+      the shard, so nothing already routed is read again.
     - Any other error: log it and leave the batch pending for the reclaimer, which brings it
       back with its delivery count, so a poison entry ends in the dead-letter stream.
     - Stop: nothing new is read or claimed; the batch in flight is finished (routed and acked)
@@ -60,6 +65,7 @@ class ConsumeLoop:
         block_ms: int,
         backoff: Backoff | None = None,
         drain_grace_s: float = 6.0,
+        health: RouterHealth | None = None,
     ) -> None:
         self._source = source
         self._route = route
@@ -76,9 +82,17 @@ class ConsumeLoop:
         self._prefetch: tuple[asyncio.Task[ReadBatch], dict[str, int]] | None = None
         self._drained: tuple[Mapping[str, str], dict[str, int]] | None = None
         self._finishing: set[str] = set()
+        self.health = health or RouterHealth(clock=clock, metrics=metrics, families=source.families)
+        self._runs = 0
         self.prepared = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self._runs:
+            # Restarted after dying: what it had in hand is pending to it, claim that first.
+            self._held.take_over_again(self._held.streams())
+            self._prefetch, self._drained = None, None
+            self._finishing.clear()
+        self._runs += 1
         if not await self._prepare(stop):
             return
         unsettled: Sequence[Delivery] = ()
@@ -103,8 +117,20 @@ class ConsumeLoop:
                     if not unsettled:
                         self._finish_take_overs()
                 except TransientError as error:
-                    log.warning("transient failure, will retry: %s", error)
+                    self.health.troubled("consumer", error)
                     unsettled, failed = batch, True
+                except PermanentError as error:
+                    self._held.put_down(streams_of(batch))
+                    unsettled = ()
+                    if error.key in self._family_of:
+                        # Refused for good on one shard (its ack): the rest of the batch settled.
+                        self.health.quarantine(error.key, error)
+                        self._finishing.discard(error.key)
+                    else:
+                        # A job's key, say: poison for the reclaimer, like any other error.
+                        log.error("routing refused, the batch stays pending: %s", error)
+                        self._finishing.clear()
+                        failed = True
                 except Exception:
                     log.exception("routing failed; the batch stays pending for the reclaimer")
                     self._held.put_down(streams_of(batch))
@@ -114,20 +140,55 @@ class ConsumeLoop:
                     await self._pause(stop, stop_deadline)
                 else:
                     self._backoff.reset()
+                    self.health.untroubled("consumer")
         finally:
             await self._cancel_prefetch()
 
     async def _prepare(self, stop: asyncio.Event) -> bool:
         while not stop.is_set():
             try:
-                await self._source.prepare()
-                self._backoff.reset()
-                self.prepared.set()
-                return True
+                broken = await self._source.prepare()
             except TransientError as error:
-                log.warning("cannot create consumer groups yet: %s", error)
+                self.health.troubled("consumer", error)
                 await sleep_unless_stopped(stop, self._backoff.next_delay())
+                continue
+            self._backoff.reset()
+            self.health.untroubled("consumer")
+            for stream, refused in broken.items():
+                self.health.quarantine(stream, refused)
+            self.prepared.set()
+            return True
         return False
+
+    def _reading(self) -> dict[str, int]:
+        """Stream → token of the shards to read: reading and not quarantined."""
+        blocked = self.health.blocked()
+        return {s: t for s, t in self._held.tokens([Phase.READING]).items() if s not in blocked}
+
+    def _taking_over(self) -> list[str]:
+        blocked = self.health.blocked()
+        return [s for s in self._held.taking_over() if s not in blocked]
+
+    async def _probe_quarantined(self) -> None:
+        """Try the quarantined shards that are due: once the group can be created, a held
+        one is taken over again (its claim and reads tell whether it works); one held
+        elsewhere works as far as this router can tell."""
+        # A shard given up while it was being tried is no longer this router's to judge.
+        self.health.worked(s for s in self.health.probing() if not self._routing(s))
+        for stream in self.health.due():
+            broken = await self._source.prepare([stream])
+            if stream in broken:
+                self.health.quarantine(stream, broken[stream])
+                continue
+            self.health.probe(stream)
+            if self._routing(stream):
+                self._held.take_over_again([stream])
+            else:
+                self.health.worked([stream])
+
+    def _routing(self, stream: str) -> bool:
+        held = self._held.get(stream)
+        return held is not None and held.phase is not Phase.RELEASING
 
     async def _next_batch(self, stop: asyncio.Event) -> tuple[list[Delivery], Fence]:
         if self._prefetch is not None:
@@ -139,11 +200,12 @@ class ConsumeLoop:
         # Cleared before looking, so a shard gained while a claim below awaits still wakes
         # the wait for work.
         self._held.changed.clear()
-        for stream in self._held.taking_over():
+        await self._probe_quarantined()
+        for stream in self._taking_over():
             claimed = await self._claim_left(stream)
             if claimed is not None:
                 return claimed
-        tokens = self._held.tokens([Phase.READING])
+        tokens = self._reading()
         if not tokens:
             await self._wait_for_work(stop)
             return [], {}
@@ -160,12 +222,18 @@ class ConsumeLoop:
         held = self._held.get(stream)
         if held is None:
             return None
-        page = await self._source.claim(
-            stream, token=held.token, cursor=held.cursor, min_idle_ms=0, count=self._read_count
-        )
+        try:
+            page = await self._source.claim(
+                stream, token=held.token, cursor=held.cursor, min_idle_ms=0, count=self._read_count
+            )
+        except PermanentError as error:
+            self.health.quarantine(stream, error)
+            self._finishing.discard(stream)
+            return None
         if page.fenced:
             self._lost(stream)
             return None
+        self.health.worked([stream])
         if page.last_delivered is not None:
             held.last_id = page.last_delivered
         if page.deliveries:
@@ -236,6 +304,17 @@ class ConsumeLoop:
     async def _take_read(
         self, read: ReadBatch, tokens: dict[str, int], stop: asyncio.Event
     ) -> tuple[list[Delivery], Fence]:
+        for stream, error in read.broken.items():
+            self.health.quarantine(stream, error)
+        self.health.worked(s for s in tokens if s not in read.broken)
+        for stream, position in read.regrouped.items():
+            log.error(
+                "the consumer group on %s was gone; created again %s",
+                stream,
+                "from the start (the stream was deleted)"
+                if position in ("0", "0-0")
+                else f"after {position}, the last entry this router read there",
+            )
         if read.gaps:
             # A router that lost these shards read entries of them after this one's last:
             # take the shards over again, so those come first, then what was just read.
@@ -243,15 +322,15 @@ class ConsumeLoop:
             self._held.take_over_again(read.gaps)
         batch = self._still_reading(read, tokens)
         if batch.deliveries:
-            following = self._held.tokens([Phase.READING])
+            following = self._reading()
             if batch.marks:
                 self._drained = (batch.marks, tokens)
-            elif following and not stop.is_set() and not self._held.taking_over():
+            elif following and not stop.is_set() and not self._taking_over():
                 # The next batch is read while this one is routed: its round trip overlaps
                 # the Lua call and the publish. Batches are still routed one after another.
                 self._prefetch = (self._start_read(following), following)
             return batch.deliveries, tokens
-        if tokens == self._held.tokens([Phase.READING]) and not self._held.taking_over():
+        if tokens == self._reading() and not self._taking_over() and not read.broken:
             await self._wait_for_work(stop, batch.marks)
         return [], {}
 
@@ -286,7 +365,10 @@ class ConsumeLoop:
                 asyncio.ensure_future(self._source.wait_for_new(marks, block_ms=self._block_ms))
             )
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            # A quarantined shard's retry wakes the loop too.
+            done, _ = await asyncio.wait(
+                waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for wait in waits:
                 wait.cancel()
@@ -298,6 +380,8 @@ class ConsumeLoop:
 
     async def _settle(self, batch: Sequence[Delivery], fence: Fence) -> list[Delivery]:
         result = await self._route(batch, fence)
+        if result.error is not None:
+            self.health.troubled("consumer", result.error)
         for stream in result.fenced:
             self._lost(stream)
         if not result.unsettled:

@@ -39,13 +39,14 @@ class DeadLetterFilter:
 
 @dataclass(frozen=True, slots=True)
 class FoundDeadLetters:
-    """One family's matching dead letters, oldest first, out of the `scanned` oldest of its
-    `total`."""
+    """One family's matching dead letters, oldest first: the first `count` asked for of the
+    `matching` ones among the `scanned` oldest of its `total`."""
 
     domain: str
     total: int
     scanned: int
     letters: list[StoredDeadLetter]
+    matching: int
 
 
 class ListDeadLetters:
@@ -54,7 +55,8 @@ class ListDeadLetters:
     - One domain, or every configured one in configuration order; an unknown domain is
       `UnknownDomain`.
     - Only the oldest `scan` letters of each family are read (the stream may be long); of
-      those, the first `count` that match the filter are returned, with the family's total.
+      those, the first `count` that match the filter are returned, with how many match (what
+      a replay of all matching puts back) and the family's total.
     """
 
     def __init__(self, *, archive: DeadLetterArchive, families: Sequence[StreamFamily]) -> None:
@@ -74,6 +76,10 @@ class ListDeadLetters:
         for family in families:
             tally = await self._archive.tally(family)
             letters = await self._archive.oldest(family, count=scan)
-            chosen = [letter for letter in letters if matching.matches(letter)][:count]
-            found.append(FoundDeadLetters(family.domain, tally.count, len(letters), chosen))
+            chosen = [letter for letter in letters if matching.matches(letter)]
+            found.append(
+                FoundDeadLetters(
+                    family.domain, tally.count, len(letters), chosen[:count], len(chosen)
+                )
+            )
         return found

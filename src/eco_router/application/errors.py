@@ -19,3 +19,13 @@ class Unauthorized(PortError):
 
 class Forbidden(PortError):
     """The credentials are valid but do not grant access to this job."""
+
+
+class PermanentError(PortError):
+    """The server refused a command for a reason retrying alone will not fix (a key of the
+    wrong type, a missing permission): `key` is broken until an operator fixes it."""
+
+    def __init__(self, key: str, cause: str) -> None:
+        super().__init__(f"{key}: {cause}" if key else cause)
+        self.key = key
+        self.cause = cause

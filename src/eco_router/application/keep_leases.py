@@ -11,6 +11,7 @@ from eco_router.application.errors import TransientError
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.messages import GroupView
 from eco_router.application.ports import Clock, LeaseStore, RouterMetrics
+from eco_router.application.router_health import RouterHealth
 from eco_router.domain.ownership import moves_for
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -49,6 +50,7 @@ class KeepLeases:
         metrics: RouterMetrics,
         clock: Clock,
         renew_s: float,
+        health: RouterHealth | None = None,
     ) -> None:
         self._leases = leases
         self._held = held
@@ -59,6 +61,7 @@ class KeepLeases:
         self._clock = clock
         self._renew_s = renew_s
         self._failing = False
+        self._health = health
         self.view: GroupView | None = None
 
     async def run(self, stop: asyncio.Event, drained: asyncio.Event) -> None:
@@ -161,11 +164,15 @@ class KeepLeases:
         self._metrics.shard_held(self._family_of[stream].domain, shard_of(stream), since_ms)
 
     def _failed(self, error: TransientError) -> None:
-        if not self._failing:
+        if self._health is not None:
+            self._health.troubled("leases", error)
+        elif not self._failing:
             log.warning("heartbeat failing, leases may lapse: %s", error)
         self._failing = True
 
     def _recovered(self) -> None:
-        if self._failing:
+        if self._health is not None:
+            self._health.untroubled("leases")
+        elif self._failing:
             log.info("heartbeat back")
         self._failing = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eco_router.application.errors import PermanentError
 from eco_router.domain.event import JobEvent
 from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
@@ -34,11 +35,15 @@ class ReadBatch:
     `gaps` are the shards where an entry after the reader's last one is pending at another
     consumer: a router that read it after losing the shard. When the read drained every
     shard, `marks` holds each shard's last entry id, to wait for what comes after.
+    `broken` are the shards the server refused to read for good (nothing was read of them);
+    `regrouped` the shards whose group had vanished, created again at the id given.
     """
 
     deliveries: list[Delivery]
     gaps: frozenset[str] = frozenset()
     marks: Mapping[str, str] = field(default_factory=dict)
+    broken: Mapping[str, PermanentError] = field(default_factory=dict)
+    regrouped: Mapping[str, str] = field(default_factory=dict)
 
 
 def first_ids(deliveries: Sequence[Delivery]) -> dict[str, str]:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
 from eco_router.application.errors import TransientError
+from eco_router.application.router_health import RouterHealth
 from eco_router.application.stopping import sleep_unless_stopped
-
-log = logging.getLogger(__name__)
 
 
 async def run_every(
@@ -18,17 +16,22 @@ async def run_every(
     job: Callable[[], Awaitable[object]],
     *,
     name: str,
+    health: RouterHealth,
     run_first: bool = True,
 ) -> None:
-    """Run `job` every `interval_s` until `stop`; a failing run is logged and the loop goes on."""
+    """Run `job` every `interval_s` until `stop`.
+
+    A transient failure is reported to `health` (one warning per episode) and the loop goes
+    on; any other error ends the loop, for its supervisor to log and restart it.
+    """
     if not run_first and await sleep_unless_stopped(stop, interval_s):
         return
     while not stop.is_set():
         try:
             await job()
         except TransientError as error:
-            log.warning("%s: transient failure: %s", name, error)
-        except Exception:
-            log.exception("%s failed", name)
+            health.troubled(name, error)
+        else:
+            health.untroubled(name)
         if await sleep_unless_stopped(stop, interval_s):
             return

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from eco_router.application.errors import PermanentError
 from eco_router.application.messages import (
     Applied,
     ClaimPage,
@@ -39,15 +40,19 @@ class EventSource(Protocol):
         """The stream families this source reads."""
         ...
 
-    async def prepare(self) -> None:
-        """Create the group on every shard at id 0, with its stream; an existing one is fine."""
+    async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
+        """Create the group at id 0, with its stream, on `streams` (every shard by default);
+        an existing one is fine. Returns the shards the server refused for good (a key of
+        the wrong type); `TransientError` if any was refused for now."""
         ...
 
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         """Up to `count` never-delivered entries of each shard in `after`, without waiting.
         `after` is, per shard, the last entry this consumer read or took over there: an entry
         after it pending at another consumer is reported as a gap. A read that drains every
-        shard returns marks to wait after."""
+        shard returns marks to wait after. A shard refused for good is reported `broken` and
+        the others are read; a shard whose group vanished gets it back at its `after` id, so
+        nothing already read is read again."""
         ...
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
@@ -60,11 +65,14 @@ class EventSource(Protocol):
     ) -> ClaimPage:
         """Take over entries idle for `min_idle_ms` from any consumer, counting the delivery,
         while the shard's fencing token is `token` (else a fenced, empty page). From cursor
-        `0-0` the page also gives the group's last delivered id, read before claiming."""
+        `0-0` the page also gives the group's last delivered id, read before claiming. A
+        shard without a group has nothing pending: an empty page. `PermanentError` naming the
+        stream when the server refuses it for good."""
         ...
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Acknowledge: the entries leave the pending list for good (one call per stream)."""
+        """Acknowledge: the entries leave the pending list for good (one call per stream).
+        A stream refused for good raises `PermanentError` naming it, the others acked."""
         ...
 
     async def shard_stats(self) -> list[ShardStats]:
@@ -244,6 +252,14 @@ class RouterMetrics(Protocol):
 
     def routers_alive(self, count: int) -> None:
         """Routers of the group alive at the last heartbeat."""
+        ...
+
+    def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
+        """A permanent error took the shard out of routing (True) or it routes again."""
+        ...
+
+    def task_restarted(self, task: str) -> None:
+        """A supervised task died with an unexpected error and was started again."""
         ...
 
 

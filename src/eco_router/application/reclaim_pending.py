@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from eco_router.application.backoff import Backoff
+from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.held_shards import HeldShards, Phase, streams_of
 from eco_router.application.messages import Delivery
 from eco_router.application.ports import Broadcaster, Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
+from eco_router.application.router_health import RouterHealth
 from eco_router.domain.streams import shard_of
 
 log = logging.getLogger(__name__)
@@ -24,8 +28,13 @@ class ReclaimPending:
     - Claimed entries go through the ordinary routing, so over-delivered ones are
       dead-lettered and entries deleted before their ack are acked and counted.
     - Nothing is claimed while the broadcaster does not answer (the pass raises its
-      `TransientError`): a claim counts as a delivery, and claims that cannot be published
-      would push good entries over `max_deliveries` into the dead-letter stream.
+      `TransientError`) or while the consumer is retrying after a transient failure (Redis out
+      of memory, say): a claim counts as a delivery, and claims that cannot be routed would
+      push good entries over `max_deliveries` into the dead-letter stream.
+    - Claimed entries whose routing fails transiently are kept and routed again with back-off
+      while the shard is held, never claimed again meanwhile: an episode counts one delivery.
+    - A shard that fails does not stop the pass: a permanent error quarantines it, a
+      transient one is warned about once per episode, and the next shard is reclaimed.
     """
 
     def __init__(
@@ -39,6 +48,8 @@ class ReclaimPending:
         clock: Clock,
         min_idle_ms: int,
         page_size: int,
+        health: RouterHealth | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._source = source
         self._broadcaster = broadcaster
@@ -49,12 +60,33 @@ class ReclaimPending:
         self._min_idle_ms = min_idle_ms
         self._page_size = page_size
         self._family_of = {s: f for f in source.families for s in f.streams}
+        self._health = health or RouterHealth(
+            clock=clock, metrics=metrics, families=source.families
+        )
+        self._backoff = backoff or Backoff()
 
     async def __call__(self) -> int:
         await self._broadcaster.ping()
-        total = 0
+        if self._health.troubled_now("consumer"):
+            return 0
+        total, failed = 0, False
+        blocked = self._health.blocked()
         for stream, token in self._held.tokens([Phase.READING]).items():
-            total += await self._shard(stream, token)
+            if stream in blocked:
+                continue
+            try:
+                total += await self._shard(stream, token)
+            except PermanentError as error:
+                if error.key == stream:
+                    self._health.quarantine(stream, error)
+                else:
+                    # A job's key, say: its entries stay pending and end as dead letters.
+                    log.error("reclaiming %s refused: %s", stream, error)
+            except TransientError as error:
+                self._health.troubled("reclaimer", error)
+                failed = True
+        if not failed:
+            self._health.untroubled("reclaimer")
         return total
 
     async def _shard(self, stream: str, token: int) -> int:
@@ -88,6 +120,25 @@ class ReclaimPending:
         # Claimed entries are in hand: the shard is not handed over before they settle.
         self._held.picked_up(streams_of(deliveries))
         try:
-            await self._route(deliveries, {stream: token})
+            unsettled: list[Delivery] = deliveries
+            while unsettled and self._still_reading(stream, token):
+                try:
+                    result = await self._route(unsettled, {stream: token})
+                except TransientError as error:
+                    self._health.troubled("reclaimer", error)
+                else:
+                    if result.fenced:
+                        return
+                    unsettled = result.unsettled
+                    if not unsettled:
+                        self._backoff.reset()
+                        return
+                    if result.error is not None:
+                        self._health.troubled("reclaimer", result.error)
+                await asyncio.sleep(self._backoff.next_delay())
         finally:
             self._held.put_down(streams_of(deliveries))
+
+    def _still_reading(self, stream: str, token: int) -> bool:
+        held = self._held.get(stream)
+        return held is not None and held.token == token and held.phase is Phase.READING

@@ -42,6 +42,7 @@ class RouteBatch:
     """Route a batch: judge, apply, publish, dead-letter, acknowledge.
 
     - Entries deleted before they were acked are acked and counted; nothing else can be done.
+    - Each dead letter is logged at warning with its entry id and reason, once it is stored.
     - An entry delivered more than `max_deliveries` times is dead-lettered unread (poison).
     - An entry that does not parse is INVALID and dead-lettered with its reason; so is one
       whose routed JSON is above its size limit (`too_large`), measured on the payload the
@@ -135,7 +136,8 @@ class RouteBatch:
                 await self._broadcaster.publish(to_publish)
         except PublishFailed as error:
             self._metrics.publish_failed(len(to_publish))
-            log.warning(
+            # The caller warns once per episode of failures, not once per batch.
+            log.debug(
                 "publish of %d events failed, keeping them unacked: %s", len(to_publish), error
             )
             result.error = error
@@ -145,6 +147,14 @@ class RouteBatch:
 
         if letters:
             await self._dead_letters.send(letters)
+            for letter in letters:
+                log.warning(
+                    "dead-lettered %s %s: %s (%r)",
+                    letter.delivery.stream,
+                    letter.delivery.entry_id,
+                    letter.reason.value,
+                    letter.detail,
+                )
         unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
         await self._source.ack([d for d in deliveries if (d.stream, d.entry_id) not in unsettled])
 

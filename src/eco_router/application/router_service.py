@@ -1,24 +1,45 @@
-"""The router as one unit: lease keeper, consumer, reclaimer and shard observer side by side."""
+"""The router as one unit: lease keeper, consumer, reclaimer and shard observer side by side,
+each supervised."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 
+from eco_router.application.backoff import Backoff
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.periodic import run_every
 from eco_router.application.reclaim_pending import ReclaimPending
+from eco_router.application.router_health import RouterHealth
+from eco_router.application.stopping import sleep_unless_stopped
 
 log = logging.getLogger(__name__)
 
+TASKS = ("leases", "consumer", "reclaimer", "observer")
+
+
+class TaskKeptFailing(Exception):
+    """A supervised task died too often in too short a time: the process should end."""
+
+    def __init__(self, task: str, deaths: int, window_s: float) -> None:
+        super().__init__(f"the {task} task died {deaths} times within {window_s:.0f} s")
+        self.task = task
+
 
 class RouterService:
-    """Runs the router's loops until `stop` is set and tells whether they are alive.
+    """Runs the router's loops until `stop` is set, each under a supervisor.
 
-    The lease keeper outlives the consumer: it renews the leases while the consumer drains
-    after `stop`, then hands every shard back.
+    - The lease keeper outlives the consumer: it renews the leases while the consumer drains
+      after `stop`, then hands every shard back.
+    - A loop that dies with an unexpected error is logged at error with its traceback, fails
+      readiness, counts in `event_router_task_restarts_total` and is started again after a
+      back-off. One that dies more than `max_restarts` times within `restart_window_s` ends
+      `run` with `TaskKeptFailing`: the process exits for its orchestrator to restart it.
     """
 
     def __init__(
@@ -30,6 +51,10 @@ class RouterService:
         observe: ObserveShards,
         reclaim_interval_s: float,
         observe_interval_s: float,
+        health: RouterHealth | None = None,
+        max_restarts: int = 5,
+        restart_window_s: float = 60.0,
+        restart_backoff: Callable[[], Backoff] = lambda: Backoff(initial_s=0.5, max_s=10.0),
     ) -> None:
         self._leases = leases
         self._consume = consume
@@ -37,51 +62,103 @@ class RouterService:
         self._observe = observe
         self._reclaim_interval_s = reclaim_interval_s
         self._observe_interval_s = observe_interval_s
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.health = health or consume.health
+        self._max_restarts = max_restarts
+        self._restart_window_s = restart_window_s
+        self._restart_backoff = restart_backoff
 
     @property
     def alive(self) -> bool:
-        """True while the lease keeper, the consumer and the reclaimer all run."""
-        return all(
-            name in self._tasks and not self._tasks[name].done()
-            for name in ("leases", "consumer", "reclaimer")
-        )
+        """True while every supervised loop runs."""
+        checks = self.health.checks()
+        return all(checks.get(task) == "ok" for task in TASKS)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every loop; returns once all have drained after `stop`."""
         drained = asyncio.Event()
         async with asyncio.TaskGroup() as group:
-            self._tasks = {
-                "consumer": group.create_task(self._consume_then(drained, stop), name="consumer"),
-                "leases": group.create_task(self._keep_leases(stop, drained), name="leases"),
-                "reclaimer": group.create_task(
-                    run_every(
+            group.create_task(self._consume_then(drained, stop), name="consumer")
+            group.create_task(self._keep_leases(stop, drained), name="leases")
+            group.create_task(
+                self._supervised(
+                    "reclaimer",
+                    lambda: run_every(
                         self._reclaim_interval_s,
                         stop,
                         self._reclaim,
                         name="reclaimer",
+                        health=self.health,
                         run_first=False,
                     ),
-                    name="reclaimer",
+                    stop,
                 ),
-                "observer": group.create_task(
-                    run_every(self._observe_interval_s, stop, self._observe, name="observer"),
-                    name="observer",
+                name="reclaimer",
+            )
+            group.create_task(
+                self._supervised(
+                    "observer",
+                    lambda: run_every(
+                        self._observe_interval_s,
+                        stop,
+                        self._observe,
+                        name="observer",
+                        health=self.health,
+                    ),
+                    stop,
                 ),
-            }
+                name="observer",
+            )
         log.info("router stopped")
 
     async def _consume_then(self, drained: asyncio.Event, stop: asyncio.Event) -> None:
         try:
-            await self._consume.run(stop)
+            await self._supervised("consumer", lambda: self._consume.run(stop), stop)
         finally:
             drained.set()
 
     async def _keep_leases(self, stop: asyncio.Event, drained: asyncio.Event) -> None:
+        self.health.task_running("leases")
         # Shards are taken only once the groups exist, so a take-over's claim finds them.
         prepared = asyncio.ensure_future(self._consume.prepared.wait())
         ended = asyncio.ensure_future(drained.wait())
         await asyncio.wait({prepared, ended}, return_when=asyncio.FIRST_COMPLETED)
         prepared.cancel()
         ended.cancel()
-        await self._leases.run(stop, drained)
+        # The keeper runs until the consumer has drained, restarts included.
+        await self._supervised("leases", lambda: self._leases.run(stop, drained), drained)
+
+    async def _supervised(
+        self, name: str, run: Callable[[], Awaitable[None]], until: asyncio.Event
+    ) -> None:
+        """Run `run()` to its end, starting it again with back-off when it dies, until
+        `until` is set; `TaskKeptFailing` when it dies too often."""
+        backoff = self._restart_backoff()
+        deaths: deque[float] = deque()
+        while True:
+            self.health.task_running(name)
+            try:
+                await run()
+                return
+            except Exception as error:
+                now = time.monotonic()
+                while deaths and now - deaths[0] > self._restart_window_s:
+                    deaths.popleft()
+                if not deaths:
+                    backoff.reset()
+                deaths.append(now)
+                if len(deaths) > self._max_restarts:
+                    self.health.task_failed(name, f"kept failing: {type(error).__name__}: {error}")
+                    log.critical(
+                        "%s died %d times within %.0f s, giving up: %s: %s",
+                        name,
+                        len(deaths),
+                        self._restart_window_s,
+                        type(error).__name__,
+                        error,
+                    )
+                    raise TaskKeptFailing(name, len(deaths), self._restart_window_s) from error
+                log.error("%s died, restarting it", name, exc_info=error)
+                self.health.task_failed(name, f"restarting after {type(error).__name__}: {error}")
+            if await sleep_unless_stopped(until, backoff.next_delay()):
+                return
+            self.health.task_restarted(name)

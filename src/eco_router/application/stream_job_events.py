@@ -28,6 +28,18 @@ from eco_router.domain.sse import (
 log = logging.getLogger(__name__)
 
 
+class StreamUnavailable(TransientError):
+    """A stream cannot be opened because one of its dependencies is unreachable.
+
+    `service` names it (`pubsub`, `state store`) for the client; the adapter's error, with
+    its addresses and driver text, is the cause, for the log only.
+    """
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"{service} unavailable")
+        self.service = service
+
+
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
     """Timers and sizes of a client's stream."""
@@ -46,12 +58,13 @@ class StreamJobEvents:
     - Then live events; a seq at or below the last one sent on this connection is never sent.
     - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
-    - When the feed reports a gap (slow client, Pub/Sub reconnect): a snapshot, then the
-      history after the last event sent.
+    - When the feed reports a gap (slow client, Pub/Sub reconnect): the history after the
+      last event sent, by the same rule as a reconnect with that id: a snapshot first only
+      when the history no longer reaches back to it, so the client is told of a real gap only.
     - When the feed closes (the process shuts down), the stream ends without an error: the
       client's EventSource reconnects with its Last-Event-ID, to another process.
     - `open` subscribes and reads the replay before returning, so an unreachable Pub/Sub or
-      state store fails the request (`TransientError`) instead of cutting an open stream; one
+      state store fails the request (`StreamUnavailable`) instead of cutting an open stream; one
       that fails later ends the stream (reason `error`) and the client resumes.
     - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
@@ -79,17 +92,26 @@ class StreamJobEvents:
         """True when the job has ended at or below `last_event_id`: nothing is left to send."""
         if last_event_id is None:
             return False
-        view = await self._store.view(domain, job_id)
+        try:
+            view = await self._store.view(domain, job_id)
+        except TransientError as error:
+            raise StreamUnavailable("state store") from error
         state = self._decoder.decode(view.state) if view.state is not None else None
         return _has_end(state, last_event_id)
 
     async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
         """Subscribe and read the replay now, so that a Pub/Sub or state store outage is an
-        error (`TransientError`) before any response starts, not a cut stream."""
-        subscription = await self._feed.subscribe(domain, job_id)
+        error (`StreamUnavailable`) before any response starts, not a cut stream."""
+        try:
+            subscription = await self._feed.subscribe(domain, job_id)
+        except TransientError as error:
+            raise StreamUnavailable("pubsub") from error
         cursor = _Cursor(last_event_id)
         try:
-            replay = await self._catch_up(domain, job_id, cursor, force_snapshot=False)
+            replay = await self._catch_up(domain, job_id, cursor)
+        except TransientError as error:
+            await subscription.close()
+            raise StreamUnavailable("state store") from error
         except BaseException:
             await subscription.close()
             raise
@@ -145,7 +167,7 @@ class StreamJobEvents:
                     stream.reason = "shutdown"
                     return
                 if isinstance(item, FeedGap):
-                    frames = await self._catch_up(domain, job_id, cursor, force_snapshot=True)
+                    frames = await self._catch_up(domain, job_id, cursor)
                 else:
                     frames = self._live(item, cursor)
                 for frame in frames:
@@ -162,9 +184,7 @@ class StreamJobEvents:
         finally:
             await stream.release()
 
-    async def _catch_up(
-        self, domain: str, job_id: str, cursor: _Cursor, *, force_snapshot: bool
-    ) -> list[bytes]:
+    async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
         view = await self._store.view(domain, job_id)
         history = [e for e in map(self._decoder.decode, view.history) if e is not None]
         state = self._decoder.decode(view.state) if view.state is not None else None
@@ -175,7 +195,7 @@ class StreamJobEvents:
             history_size=self._limits.history_size,
         )
         frames = []
-        if plan.snapshot or force_snapshot:
+        if plan.snapshot:
             frames.append(snapshot_frame(state, job_id))
             self._metrics.snapshot_sent()
         sent = 0

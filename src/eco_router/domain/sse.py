@@ -50,11 +50,12 @@ def event_frame(event: GatewayEvent) -> bytes:
 def snapshot_frame(state: GatewayEvent | None, job_id: str) -> bytes:
     """The job's state, sent first when the client may have missed events (or the job is unknown).
 
-    It carries no id: the client's Last-Event-ID keeps naming the last event it really got.
+    One shape: `{"job_id": ..., "state": <the latest event as published, or null>}`. It
+    carries no id: the client's Last-Event-ID keeps naming the last event it really got.
     """
-    if state is None:
-        return b'event: snapshot\ndata: {"job_id":"%s","state":null}\n\n' % job_id.encode()
-    return b"event: snapshot\ndata: %s\n\n" % state.data
+    # job_id is checked against a JSON-safe alphabet before any stream opens.
+    body = b"null" if state is None else state.data
+    return b'event: snapshot\ndata: {"job_id":"%s","state":%s}\n\n' % (job_id.encode(), body)
 
 
 def error_frame(reason: str) -> bytes:

@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "done or stopped cleanly; 1 an error, or `state` of an unknown job; 2 an invalid "
         "setting, argument or credentials, a Redis database the server lacks, or `dlq replay` "
         "ids that name no dead letter; 3 a Redis server or the port unavailable at startup; "
-        "141 output closed early (e.g. `| head`).",
+        "4 a router task kept failing (worker); 141 output closed early (e.g. `| head`).",
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -35,6 +35,7 @@ from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
+from eco_router.application.feed_health import FeedHealth
 from eco_router.application.held_shards import HeldShards
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.keep_leases import KeepLeases
@@ -42,6 +43,7 @@ from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.replay_dead_letters import ReplayDeadLetters
 from eco_router.application.route_batch import RouteBatch
+from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.entrypoints.factories import (
@@ -120,6 +122,13 @@ class Container(containers.DeclarativeContainer):
         size_limits=settings.provided.event_size_limits,
     )
     held_shards = providers.Singleton(HeldShards)
+    router_health = providers.Singleton(
+        RouterHealth,
+        clock=clock,
+        metrics=metrics,
+        families=settings.provided.streams,
+        quarantine_retry_s=settings.provided.quarantine_retry_s,
+    )
     keep_leases = providers.Singleton(
         KeepLeases,
         leases=lease_store,
@@ -129,6 +138,7 @@ class Container(containers.DeclarativeContainer):
         metrics=metrics,
         clock=clock,
         renew_s=settings.provided.lease_renew_s,
+        health=router_health,
     )
     consume_loop = providers.Singleton(
         ConsumeLoop,
@@ -139,6 +149,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         read_count=settings.provided.read_count,
         block_ms=settings.provided.read_block_ms,
+        health=router_health,
     )
     reclaim_pending = providers.Singleton(
         ReclaimPending,
@@ -150,6 +161,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         min_idle_ms=settings.provided.reclaim_min_idle_ms,
         page_size=settings.provided.read_count,
+        health=router_health,
     )
     observe_shards = providers.Singleton(ObserveShards, source=event_source, metrics=metrics)
     router = providers.Singleton(
@@ -160,12 +172,17 @@ class Container(containers.DeclarativeContainer):
         observe=observe_shards,
         reclaim_interval_s=settings.provided.reclaim_interval_s,
         observe_interval_s=settings.provided.stats_interval_s,
+        health=router_health,
+        max_restarts=settings.provided.task_max_restarts,
+        restart_window_s=settings.provided.task_restart_window_s,
     )
+    feed_health = providers.Singleton(FeedHealth)
     check_readiness = providers.Singleton(
         CheckReadiness,
         source=event_source,
         broadcaster=broadcaster,
         router=router,
+        feed=feed_health,
     )
 
     memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
@@ -179,6 +196,7 @@ class Container(containers.DeclarativeContainer):
         decoder=decoder,
         metrics=gateway_metrics,
         queue_size=settings.provided.sse_queue_size,
+        health=feed_health,
     )
     authorizer = providers.Singleton(
         make_authorizer, settings.provided.jwt_secret, settings.provided.jwt_require_exp
@@ -324,6 +342,7 @@ def build_container(
                 source=container.event_source,
                 broadcaster=container.broadcaster,
                 router=None,
+                feed=container.feed_health,
             )
         )
     return container

@@ -12,4 +12,5 @@ class ExitCode(IntEnum):
     ERROR = 1  # an unexpected error, or a command's own "not found"
     CONFIGURATION = 2  # an invalid setting or argument, credentials or a database a server refused
     UNREACHABLE = 3  # a dependency (a Redis server, the listening port) unavailable at startup
+    TASK_KEPT_FAILING = 4  # a router task died too often (RouterService's supervisor gave up)
     BROKEN_PIPE = 141  # stdout closed by its reader (`| head`): 128 + SIGPIPE, as other tools

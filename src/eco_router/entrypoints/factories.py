@@ -12,6 +12,7 @@ from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAu
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     AdminAuthorizer,
     Authorizer,
@@ -52,6 +53,7 @@ async def open_event_feed(
     decoder: EventDecoder,
     metrics: GatewayMetrics,
     queue_size: int,
+    health: FeedHealth,
 ) -> AsyncIterator[RedisPubSubEventFeed]:
     """The process's one Pub/Sub feed, its reader running while the app runs."""
     feed = RedisPubSubEventFeed(
@@ -60,6 +62,7 @@ async def open_event_feed(
         decoder=decoder,
         metrics=metrics,
         queue_size=queue_size,
+        health=health,
     )
     await feed.start()
     try:

@@ -7,11 +7,20 @@ import contextlib
 import logging
 from types import TracebackType
 
-from eco_router.application.router_service import RouterService
+from eco_router.application.router_service import RouterService, TaskKeptFailing
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.resolve import resolve
 
 log = logging.getLogger(__name__)
+
+
+def kept_failing(error: BaseException | None) -> bool:
+    """Whether the router ended because a supervised task kept dying."""
+    if isinstance(error, TaskKeptFailing):
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(TaskKeptFailing) is not None
+    return False
 
 
 class RouterRunner:

@@ -147,6 +147,10 @@ class Settings(BaseSettings):
     # Slow enough that a person can drop the connection mid-job on the demo page.
     demo_events_per_s: float = Field(1.5, gt=0, le=10_000)
     log_level: str = "INFO"
+    # Failing loud and recovering: quarantined shards, supervised tasks.
+    quarantine_retry_s: float = Field(10, gt=0, le=3600)
+    task_max_restarts: int = Field(5, ge=0, le=1000)
+    task_restart_window_s: float = Field(60, gt=0, le=86_400)
 
     @field_validator("streams", mode="before")
     @classmethod

@@ -9,12 +9,13 @@ import socket
 from collections.abc import Generator
 
 import uvicorn
+from dependency_injector import providers
 
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http.app import create_ops_app
-from eco_router.entrypoints.runner import RouterRunner
+from eco_router.entrypoints.runner import RouterRunner, kept_failing
 from eco_router.entrypoints.startup_checks import StartupFailure
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
         lifespan="off",
     )
     server = _OpsServer(config)
+    # The worker serves no viewers: no Pub/Sub reader, and no `feed` check in its readiness.
+    container.event_feed.override(providers.Object(None))
     async with RouterRunner(container) as runner:
         http = asyncio.create_task(server.serve(), name="ops-http")
         # uvicorn exposes `started` as a flag only, so poll it briefly.
@@ -82,5 +85,7 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     server.should_exit = True
     await http
     if router_ended.done() and not router_ended.cancelled() and router_ended.exception():
+        if kept_failing(router_ended.exception()):
+            raise SystemExit(ExitCode.TASK_KEPT_FAILING)
         raise RuntimeError("the router stopped on an error") from router_ended.exception()
     router_ended.cancel()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Collection, Mapping, Sequence
 
-from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
-from eco_router.application.errors import TransientError
+from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
+from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
     Delivery,
@@ -18,8 +17,6 @@ from eco_router.application.messages import (
 from eco_router.application.ports import EventSource
 from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
-
-T = TypeVar("T")
 
 
 class InMemoryEventSource(EventSource):
@@ -44,24 +41,45 @@ class InMemoryEventSource(EventSource):
     def families(self) -> tuple[StreamFamily, ...]:
         return self._families
 
-    async def prepare(self) -> None:
+    async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
         self._check()
-        for stream in self._family_of:
-            self.streams.create_group(stream, self._group)
+        broken: dict[str, PermanentError] = {}
+        for stream in streams or self._family_of:
+            try:
+                self.streams.create_group(stream, self._group)
+            except WrongType as error:
+                broken[stream] = PermanentError(stream, f"XGROUP CREATE: {error}")
+        return broken
 
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         self._check()
-        taken = self._retrying_nogroup(
-            lambda: self.streams.read_new(self._group, self._consumer, list(after), count)
-        )
-        deliveries = [
-            Delivery(self._family_of[stream], stream, entry_id, fields)
-            for stream, entries in taken.items()
-            for entry_id, fields in entries
-        ]
+        deliveries: list[Delivery] = []
+        broken: dict[str, PermanentError] = {}
+        regrouped: dict[str, str] = {}
+        for stream, last in after.items():
+            try:
+                try:
+                    taken = self.streams.read_new(self._group, self._consumer, [stream], count)
+                except NoGroup:
+                    # Destroyed: back at this consumer's position; deleted: from the start.
+                    kept = any(i == last for i, _ in self.streams.entries(stream))
+                    regrouped[stream] = last if kept else "0-0"
+                    self.streams.create_group(stream, self._group, at=regrouped[stream])
+                    taken = self.streams.read_new(self._group, self._consumer, [stream], count)
+            except WrongType as error:
+                broken[stream] = PermanentError(stream, f"XREADGROUP: {error}")
+                continue
+            deliveries += [
+                Delivery(self._family_of[name], name, entry_id, fields)
+                for name, entries in taken.items()
+                for entry_id, fields in entries
+            ]
         first = first_ids(deliveries)
-        gaps = frozenset(s for s, last in after.items() if self._gap(s, last, first.get(s)))
-        return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
+        reading = {s: last for s, last in after.items() if s not in broken}
+        gaps = frozenset(s for s, last in reading.items() if self._gap(s, last, first.get(s)))
+        return ReadBatch(
+            deliveries, gaps, drained_marks(deliveries, reading, count), broken, regrouped
+        )
 
     def _gap(self, stream: str, last: str, first_read: str | None) -> bool:
         """Whether the first entry pending after `last` is not this read's first one."""
@@ -84,25 +102,31 @@ class InMemoryEventSource(EventSource):
         if not self.streams.lease_table(self._group).holds(stream, token):
             return ClaimPage([], "0-0", fenced=True)
         family = self._family_of[stream]
-        position = self._retrying_nogroup(
-            lambda: self.streams.last_delivered(stream, self._group) if cursor == "0-0" else None
-        )
-        next_cursor, claimed, deleted = self._retrying_nogroup(
-            lambda: self.streams.autoclaim(
+        try:
+            position = self.streams.last_delivered(stream, self._group) if cursor == "0-0" else None
+            next_cursor, claimed, deleted = self.streams.autoclaim(
                 stream, self._group, self._consumer, min_idle_ms, cursor, count
             )
-        )
+        except NoGroup:
+            return ClaimPage([], "0-0")
+        except WrongType as error:
+            raise PermanentError(stream, f"claim: {error}") from error
         deliveries = [Delivery(family, stream, i, f, n) for i, f, n in claimed]
         deliveries += [Delivery(family, stream, i, None) for i in deleted]
         return ClaimPage(deliveries, next_cursor, last_delivered=position)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._check()
+        refused: PermanentError | None = None
         for delivery in deliveries:
             try:
                 self.streams.ack(delivery.stream, self._group, [delivery.entry_id])
             except NoGroup:
                 continue
+            except WrongType as error:
+                refused = PermanentError(delivery.stream, f"XACK: {error}")
+        if refused is not None:
+            raise refused
 
     async def shard_stats(self) -> list[ShardStats]:
         self._check()
@@ -111,21 +135,13 @@ class InMemoryEventSource(EventSource):
             try:
                 lag: int | None = self.streams.lag(stream, self._group)
                 pending = len(self.streams.pending(stream, self._group))
-            except NoGroup:
+            except (NoGroup, WrongType):
                 lag, pending = None, 0
             stats.append(ShardStats(family, stream, shard_of(stream), lag, pending))
         return stats
 
     async def ping(self) -> None:
         self._check()
-
-    def _retrying_nogroup(self, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except NoGroup:
-            for stream in self._family_of:
-                self.streams.create_group(stream, self._group)
-            return call()
 
     def _check(self) -> None:
         if not self.available:

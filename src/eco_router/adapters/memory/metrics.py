@@ -28,6 +28,8 @@ class InMemoryRouterMetrics(RouterMetrics):
         self.takeovers: list[tuple[str, int, int]] = []
         self.leases_lost: Counter[tuple[str, int]] = Counter()
         self.routers = 0
+        self.quarantined: set[tuple[str, int]] = set()
+        self.restarts: Counter[str] = Counter()
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self.batches.append(size)
@@ -68,3 +70,12 @@ class InMemoryRouterMetrics(RouterMetrics):
 
     def routers_alive(self, count: int) -> None:
         self.routers = count
+
+    def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
+        if quarantined:
+            self.quarantined.add((domain, shard))
+        else:
+            self.quarantined.discard((domain, shard))
+
+    def task_restarted(self, task: str) -> None:
+        self.restarts[task] += 1

@@ -43,6 +43,16 @@ class NoGroup(Exception):
     """The stream or the group does not exist (Redis: NOGROUP)."""
 
 
+class WrongType(Exception):
+    """The key holds another type than a stream (Redis: WRONGTYPE)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"WRONGTYPE Operation against a key holding the wrong kind of value ({key})"
+        )
+        self.key = key
+
+
 class InMemoryStreams:
     """Streams, groups and pending lists with Redis's semantics, shared by sources and producers."""
 
@@ -51,13 +61,21 @@ class InMemoryStreams:
         self._streams: dict[str, Stream] = {}
         self._appended = asyncio.Event()
         self._lease_tables: dict[str, LeaseTable] = {}
+        self._not_streams: set[str] = set()
 
     def lease_table(self, group: str) -> LeaseTable:
         """The leases and fencing epochs of `group`, kept beside its streams."""
         return self._lease_tables.setdefault(group, LeaseTable(self._clock))
 
+    def break_shard(self, stream: str) -> None:
+        """Replace the stream by a key of another type, as `DEL` then `SET key x` would: every
+        stream command on it fails with `WrongType` until `delete_stream`."""
+        self._streams.pop(stream, None)
+        self._not_streams.add(stream)
+
     def xadd(self, stream: str, fields: Mapping[bytes, bytes] | Mapping[str, str]) -> str:
         """Append an entry with a fresh id; returns the id."""
+        self._check_type(stream)
         target = self._streams.setdefault(stream, Stream())
         now = self._clock.now_ms()
         last = target.last_id
@@ -77,13 +95,19 @@ class InMemoryStreams:
 
     def delete_stream(self, stream: str) -> None:
         self._streams.pop(stream, None)
+        self._not_streams.discard(stream)
 
-    def create_group(self, stream: str, group: str) -> bool:
-        """Create the group at id 0 (MKSTREAM); False when it already exists."""
+    def destroy_group(self, stream: str, group: str) -> None:
+        """XGROUP DESTROY: the group and its pending list go, the entries stay."""
+        self._streams.get(stream, Stream()).groups.pop(group, None)
+
+    def create_group(self, stream: str, group: str, at: str = "0-0") -> bool:
+        """Create the group at id `at` (MKSTREAM); False when it already exists."""
+        self._check_type(stream)
         target = self._streams.setdefault(stream, Stream())
         if group in target.groups:
             return False
-        target.groups[group] = Group(StreamEntryId(0, 0))
+        target.groups[group] = Group(StreamEntryId.parse(at))
         return True
 
     def pending(self, stream: str, group: str) -> dict[str, PendingEntry]:
@@ -101,6 +125,8 @@ class InMemoryStreams:
     ) -> dict[str, list[tuple[str, Fields]]]:
         out: dict[str, list[tuple[str, Fields]]] = {}
         now = self._clock.now_ms()
+        for name in streams:
+            self._check_type(name)
         for name in streams:
             state = self._group(name, group)
             taken = [
@@ -169,7 +195,12 @@ class InMemoryStreams:
         state = self._group(stream, group)
         return sum(1 for i in entry_ids if state.pending.pop(i, None) is not None)
 
+    def _check_type(self, stream: str) -> None:
+        if stream in self._not_streams:
+            raise WrongType(stream)
+
     def _group(self, stream: str, group: str) -> Group:
+        self._check_type(stream)
         target = self._streams.get(stream)
         if target is None or group not in target.groups:
             raise NoGroup(f"NOGROUP no group {group!r} on stream {stream!r}")

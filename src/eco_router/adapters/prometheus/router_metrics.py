@@ -125,6 +125,19 @@ class PrometheusRouterMetrics(RouterMetrics):
             "Routers of the group alive at this router's last heartbeat.",
             registry=registry,
         )
+        self._quarantined = Gauge(
+            "event_router_shard_quarantined",
+            "1 while a permanent error (a key of the wrong type, ...) keeps the shard out of "
+            "routing, else 0.",
+            ["domain", "shard"],
+            registry=registry,
+        )
+        self._restarts = Counter(
+            "event_router_task_restarts",
+            "Supervised tasks restarted after dying with an unexpected error.",
+            ["task"],
+            registry=registry,
+        )
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
@@ -171,3 +184,9 @@ class PrometheusRouterMetrics(RouterMetrics):
 
     def routers_alive(self, count: int) -> None:
         self._routers.set(count)
+
+    def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
+        self._quarantined.labels(domain, str(shard)).set(1 if quarantined else 0)
+
+    def task_restarted(self, task: str) -> None:
+        self._restarts.labels(task).inc()

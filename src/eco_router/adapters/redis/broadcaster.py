@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.errors import PublishFailed, TransientError
+from eco_router.application.errors import PublishFailed
 from eco_router.application.messages import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
@@ -34,9 +34,9 @@ class RedisPubSubBroadcaster(Broadcaster):
         args: list[str | bytes] = []
         for item in events:
             args += (self.channel(item.event.job_id), item.payload)
-        with transient_errors(f"PUBLISH {len(events)} events", PublishFailed):
+        with redis_errors(f"PUBLISH {len(events)} events", error_type=PublishFailed):
             await self._script(keys=[], args=args)
 
     async def ping(self) -> None:
-        with transient_errors("PING Pub/Sub server", TransientError):
+        with redis_errors("PING Pub/Sub server"):
             await self._redis.ping()

@@ -13,7 +13,7 @@ from eco_router.adapters.dead_letter_format import (
     dead_letter_fields,
     read_dead_letter,
 )
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import redis_errors, transient_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import DeadLetter, DeadLetterTally, Replayed
@@ -56,7 +56,7 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
                 for name, value in fields.items():
                     args += (name, value)
             markers = [keys.marker(x.delivery.stream, x.delivery.entry_id) for x in group]
-            with transient_errors("XADD dead letters"):
+            with redis_errors("XADD dead letters", key=stream):
                 await self._script(keys=[stream, *markers], args=args)
 
 

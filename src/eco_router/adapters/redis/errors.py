@@ -1,15 +1,25 @@
-"""Translation of redis-py errors into port errors."""
+"""Translation of redis-py errors into port errors: the one place they are classified."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import BusyLoadingError, ReadOnlyError, TryAgainError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.application.errors import TransientError
+from eco_router.application.errors import PermanentError, TransientError
 
 TRANSIENT_REDIS_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,
@@ -17,10 +27,83 @@ TRANSIENT_REDIS_ERRORS: tuple[type[Exception], ...] = (
     BusyLoadingError,
     ReadOnlyError,
     TryAgainError,
+    OutOfMemoryError,
+    ClusterDownError,  # MASTERDOWN too
+    NoScriptError,  # a script flushed from the server is loaded again on the next call
     ConnectionError,
     TimeoutError,
     OSError,
 )
+
+_REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, *TRANSIENT_REDIS_ERRORS)
+
+# Error codes that describe the server's condition, not the command: the same command
+# succeeds once the server has loaded, finished its script, freed memory or failed over.
+TRANSIENT_CODES = frozenset(
+    {
+        "LOADING",
+        "BUSY",
+        "TRYAGAIN",
+        "OOM",
+        "READONLY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "NOSCRIPT",
+        "NOREPLICAS",
+        "UNBLOCKED",
+    }
+)
+
+# A script's error is reported as "... @user_script:12: OOM command not allowed ..." by
+# older servers; newer ones keep the code first. Either way the code is an upper-case word
+# at the start or after a colon.
+_CODE = re.compile(r"(?:^|:\s*)([A-Z][A-Z_]+)\b")
+
+
+def error_code(error: ResponseError) -> str:
+    """The Redis error code of a reply error (`WRONGTYPE`, `OOM`, ...), `ERR` when none."""
+    status: object = getattr(error, "status_code", None)
+    codes: list[str] = _CODE.findall(str(error))
+    if isinstance(status, str) and status:
+        codes.insert(0, status)
+    for code in codes:
+        if code in TRANSIENT_CODES:
+            return code
+    return codes[0] if codes else "ERR"
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying the same command later may succeed without anyone fixing anything."""
+    if isinstance(error, TRANSIENT_REDIS_ERRORS):
+        return True
+    if isinstance(error, ResponseError):
+        return error_code(error) in TRANSIENT_CODES
+    return False
+
+
+def port_error(
+    error: Exception,
+    what: str,
+    *,
+    key: str = "",
+    transient_type: type[TransientError] = TransientError,
+) -> TransientError | PermanentError:
+    """The port error `error` stands for: transient, or permanent for `key`."""
+    text = f"{type(error).__name__}: {error}"
+    if is_transient(error):
+        return transient_type(f"{what}: {text}")
+    return PermanentError(key, f"{what}: {text}")
+
+
+@contextmanager
+def redis_errors(
+    what: str, *, key: str = "", error_type: type[TransientError] = TransientError
+) -> Iterator[None]:
+    """Re-raise redis errors as port errors naming the operation (and the key, if one)."""
+    try:
+        yield
+    except _REDIS_ERRORS as error:
+        raise port_error(error, what, key=key, transient_type=error_type) from error
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, transient_errors
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
+from eco_router.application.feed_health import FeedHealth
 from eco_router.application.messages import FeedClosed, FeedGap
 from eco_router.application.ports import (
     EventDecoder,
@@ -60,8 +61,10 @@ class RedisPubSubEventFeed(EventFeed):
         metrics: GatewayMetrics,
         queue_size: int = 256,
         confirm_timeout_s: float = 10.0,
+        health: FeedHealth | None = None,
     ) -> None:
         self._pubsub = redis.pubsub()
+        self._health = health or FeedHealth()
         self._confirm_timeout_s = confirm_timeout_s
         self._prefix = channel_prefix
         self._decoder = decoder
@@ -83,6 +86,7 @@ class RedisPubSubEventFeed(EventFeed):
         return [len(v.queue) for viewers in self._viewers.values() for v in viewers]
 
     async def start(self) -> None:
+        self._health.started()
         self._reader = asyncio.create_task(self._read(), name="pubsub-feed")
 
     async def stop(self) -> None:
@@ -152,10 +156,12 @@ class RedisPubSubEventFeed(EventFeed):
                 message = await self._pubsub.get_message(timeout=1.0)
                 if backoff.failing:
                     log.info("Pub/Sub reader back")
+                    self._health.recovered()
                 backoff.reset()
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:
                     log.warning("Pub/Sub connection lost, reconnecting: %s", error)
+                self._health.failing(f"Pub/Sub connection lost: {error}")
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
                 continue
@@ -165,6 +171,7 @@ class RedisPubSubEventFeed(EventFeed):
                 if not backoff.failing:
                     name = type(error).__name__
                     log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
+                self._health.failing(f"Pub/Sub reader failed: {type(error).__name__}: {error}")
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
                 continue

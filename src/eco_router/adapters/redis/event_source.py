@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
     Delivery,
@@ -44,67 +45,151 @@ class RedisStreamEventSource(EventSource):
     def families(self) -> tuple[StreamFamily, ...]:
         return self._families
 
-    async def prepare(self) -> None:
-        with transient_errors("create consumer groups"):
+    async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
+        broken, _ = await self._create_groups(dict.fromkeys(streams or self._family_of, "0"))
+        return broken
+
+    async def _create_groups(
+        self, at: Mapping[str, str]
+    ) -> tuple[dict[str, PermanentError], list[str]]:
+        """XGROUP CREATE ... MKSTREAM on each stream at its id; BUSYGROUP is fine. Returns
+        the streams refused for good and those where the group was created."""
+        with redis_errors("create consumer groups"):
             async with self._redis.pipeline(transaction=False) as pipe:
-                for stream in self._family_of:
-                    pipe.xgroup_create(stream, self._group, id="0", mkstream=True)
+                for stream, entry_id in at.items():
+                    pipe.xgroup_create(stream, self._group, id=entry_id, mkstream=True)
                 replies = await pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, ResponseError) and "BUSYGROUP" not in str(reply):
-                raise reply
+        broken: dict[str, PermanentError] = {}
+        created: list[str] = []
+        for stream, reply in zip(at, replies, strict=True):
+            if not isinstance(reply, Exception):
+                created.append(stream)
+            elif "BUSYGROUP" not in str(reply):
+                error = port_error(reply, "XGROUP CREATE", key=stream)
+                if isinstance(error, TransientError):
+                    raise error from reply
+                broken[stream] = error
+        return broken, created
 
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
-        streams = list(after)
-        if not streams:
+        if not after:
             return ReadBatch([])
-        replies = await self._nogroup_retried(
-            "XREADGROUP", lambda: self._read_and_look_behind(after, count)
-        )
-        deliveries = [
-            d for stream, entries in replies[0] for d in self._deliveries(stream, entries)
-        ]
+        reads, pending = await self._read_and_look_behind(after, count, together=True)
+        regrouped: dict[str, str] = {}
+        if isinstance(reads[0], ResponseError) and _is_nogroup(reads[0]):
+            positions = await self._positions(after)
+            _, created = await self._create_groups(positions)
+            regrouped = {stream: positions[stream] for stream in created}
+            reads, pending = await self._read_and_look_behind(after, count, together=True)
+        if isinstance(reads[0], Exception) and not isinstance(
+            error := port_error(reads[0], "XREADGROUP"), PermanentError
+        ):
+            raise error from reads[0]
+        if isinstance(reads[0], Exception):
+            # One XREADGROUP reads every shard or none: find the shard it failed on.
+            reads, pending = await self._read_and_look_behind(after, count, together=False)
+        broken = {}
+        deliveries: list[Delivery] = []
+        for stream, read in zip(after, reads, strict=True):
+            if isinstance(read, Exception):
+                error = port_error(read, "XREADGROUP", key=stream)
+                if isinstance(error, TransientError):
+                    raise error from read
+                broken[stream] = error
+                continue
+            deliveries += [d for name, entries in read for d in self._deliveries(name, entries)]
         first = first_ids(deliveries)
-        gaps = frozenset(
-            stream
-            for stream, pending in zip(streams, replies[1:], strict=True)
-            if pending
-            and (
-                _text(pending[0]["consumer"]) != self._consumer
-                or _text(pending[0]["message_id"]) != first.get(stream)
-            )
+        gaps = set()
+        for stream, found in zip(after, pending, strict=True):
+            if stream in broken or (isinstance(found, Exception) and _is_nogroup(found)):
+                continue
+            if isinstance(found, Exception):
+                error = port_error(found, "XPENDING", key=stream)
+                if isinstance(error, TransientError):
+                    raise error from found
+                broken[stream] = error
+            elif found and (
+                _text(found[0]["consumer"]) != self._consumer
+                or _text(found[0]["message_id"]) != first.get(stream)
+            ):
+                gaps.add(stream)
+        return ReadBatch(
+            deliveries,
+            frozenset(gaps),
+            drained_marks(deliveries, {s: i for s, i in after.items() if s not in broken}, count),
+            broken,
+            regrouped,
         )
-        return ReadBatch(deliveries, gaps, drained_marks(deliveries, after, count))
 
-    async def _read_and_look_behind(self, after: Mapping[str, str], count: int) -> list[Any]:
-        """XREADGROUP, then per shard the first entry pending after `after`: the read's own
-        first entry, one another consumer took before it, or one an earlier read of this
-        consumer took whose reply was lost (and the client retried). It is looked up after
-        the read, so nothing read before it goes unseen."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xreadgroup(self._group, self._consumer, dict.fromkeys(after, ">"), count=count)
-            for stream, last in after.items():
-                pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
-            replies: list[Any] = await pipe.execute()
-        read = replies[0] or []
-        if isinstance(read, dict):  # RESP3 shape
-            read = [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in read.items()]
-        return [list(read), *replies[1:]]
+    async def _positions(self, after: Mapping[str, str]) -> dict[str, str]:
+        """Where to create a vanished group again: a group destroyed under us goes back to
+        the position this consumer had read to, so nothing routed already is read again (and
+        nothing appended since is lost); a stream deleted with its group (the entry at the
+        position is gone) is read from its start."""
+        with redis_errors("XRANGE"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for stream, last in after.items():
+                    pipe.xrange(stream, last, last, count=1)
+                found = await pipe.execute(raise_on_error=False)
+        return {
+            stream: last if isinstance(entries, list) and entries else "0"
+            for (stream, last), entries in zip(after.items(), found, strict=True)
+        }
+
+    async def _read_and_look_behind(
+        self, after: Mapping[str, str], count: int, *, together: bool
+    ) -> tuple[list[Any], list[Any]]:
+        """XREADGROUP (one for every shard `together`, else one per shard), then per shard
+        the first entry pending after `after`: the read's own first entry, one another
+        consumer took before it, or one an earlier read of this consumer took whose reply was
+        lost (and the client retried). It is looked up after the read, so nothing read
+        before it goes unseen. Replies per shard, an exception where a command failed."""
+        with redis_errors("XREADGROUP"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                if together:
+                    pipe.xreadgroup(
+                        self._group, self._consumer, dict.fromkeys(after, ">"), count=count
+                    )
+                else:
+                    for stream in after:
+                        pipe.xreadgroup(self._group, self._consumer, {stream: ">"}, count=count)
+                for stream, last in after.items():
+                    pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+        if not together:
+            reads = [
+                r if isinstance(r, Exception) else _read_reply(r) for r in replies[: len(after)]
+            ]
+            return reads, replies[len(after) :]
+        if isinstance(replies[0], Exception):
+            return [replies[0]] * len(after), replies[1:]
+        by_stream = {_text(name): entries for name, entries in _read_reply(replies[0])}
+        return [[(s, by_stream[s])] if s in by_stream else [] for s in after], replies[1:]
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         if not marks:
             return
-        with transient_errors("XREAD"):
-            await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
+        try:
+            with redis_errors("XREAD"):
+                await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
+        except PermanentError:
+            # A shard refused for good: the read that follows tells which one.
+            return
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
     ) -> ClaimPage:
         args: list[str | int] = [self._group, self._consumer, token, min_idle_ms, cursor, count]
         keys = [self._keys.epoch(stream), stream]
-        reply = await self._nogroup_retried(
-            f"claim on {stream}", lambda: self._claim_held(keys=keys, args=args)
-        )
+        with redis_errors(f"claim on {stream}", key=stream):
+            try:
+                reply = await self._claim_held(keys=keys, args=args)
+            except ResponseError as error:
+                if not _is_nogroup(error):
+                    raise
+                # No group, nothing pending: the next read creates it at this consumer's
+                # position.
+                return ClaimPage([], "0-0")
         if reply is None:
             return ClaimPage([], "0-0", fenced=True)
         next_cursor, entries, deleted, counts, last_delivered = reply
@@ -124,14 +209,17 @@ class RedisStreamEventSource(EventSource):
         ids: dict[str, list[str]] = {}
         for delivery in deliveries:
             ids.setdefault(delivery.stream, []).append(delivery.entry_id)
-        with transient_errors("XACK"):
+        with redis_errors("XACK"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for stream, entry_ids in ids.items():
                     pipe.xack(stream, self._group, *entry_ids)
-                await pipe.execute()
+                replies = await pipe.execute(raise_on_error=False)
+        for stream, reply in zip(ids, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise port_error(reply, "XACK", key=stream) from reply
 
     async def shard_stats(self) -> list[ShardStats]:
-        with transient_errors("XINFO GROUPS"):
+        with redis_errors("XINFO GROUPS"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for stream in self._family_of:
                     pipe.xinfo_groups(stream)
@@ -152,19 +240,8 @@ class RedisStreamEventSource(EventSource):
         return stats
 
     async def ping(self) -> None:
-        with transient_errors("PING streams server"):
+        with redis_errors("PING streams server"):
             await self._redis.ping()
-
-    async def _nogroup_retried(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        with transient_errors(what):
-            try:
-                return await call()
-            except ResponseError as error:
-                if not _is_nogroup(error):
-                    raise
-                # A stream or group deleted under us: re-create and go on.
-                await self.prepare()
-                return await call()
 
     def _deliveries(self, stream: bytes | str, entries: Sequence[RawEntry]) -> list[Delivery]:
         name = _text(stream)
@@ -182,7 +259,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _is_nogroup(error: ResponseError) -> bool:
+def _read_reply(reply: Any) -> list[Any]:
+    """XREADGROUP's reply as [(stream, entries), ...], whichever protocol gave it."""
+    if isinstance(reply, dict):  # RESP3 shape
+        return [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
+    return list(reply or [])
+
+
+def _is_nogroup(error: Exception) -> bool:
     # Inside a script the error is NOGROUP too, wherever Redis puts the script's name.
     return "NOGROUP" in str(error)
 

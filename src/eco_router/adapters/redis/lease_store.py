@@ -7,7 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import GroupView
@@ -34,13 +34,13 @@ class RedisLeaseStore(LeaseStore):
         keys = [self._keys.routers]
         keys += [k for s in self._streams for k in (self._keys.lease(s), self._keys.epoch(s))]
         args = [router, self._ttl_ms, *(held.get(s, "") for s in self._streams)]
-        with transient_errors("heartbeat"):
+        with redis_errors("heartbeat"):
             reply = await self._heartbeat(keys=keys, args=args)
         return self._group_view(reply)
 
     async def acquire(self, stream: str, router: str) -> Lease | None:
         keys = [self._keys.lease(stream), self._keys.epoch(stream)]
-        with transient_errors(f"acquire the lease of {stream}"):
+        with redis_errors(f"acquire the lease of {stream}"):
             reply = await self._acquire(keys=keys, args=[router, self._ttl_ms])
         if reply is None:
             return None
@@ -49,15 +49,15 @@ class RedisLeaseStore(LeaseStore):
 
     async def release(self, stream: str, router: str, token: int) -> None:
         keys = [self._keys.lease(stream), self._keys.epoch(stream)]
-        with transient_errors(f"release the lease of {stream}"):
+        with redis_errors(f"release the lease of {stream}"):
             await self._release(keys=keys, args=[token])
 
     async def leave(self, router: str) -> None:
-        with transient_errors("leave the live routers"):
+        with redis_errors("leave the live routers"):
             await self._redis.zrem(self._keys.routers, router)
 
     async def view(self) -> GroupView:
-        with transient_errors("read the group's leases"):
+        with redis_errors("read the group's leases"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.time()
                 pipe.zrange(self._keys.routers, 0, -1, withscores=True)

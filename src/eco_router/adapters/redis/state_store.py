@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import redis_errors, transient_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import Applied, EncodedEvent, JobView
@@ -58,7 +58,7 @@ class RedisLuaStateStore(StateStore):
                 job_shards.append(shard_index[event.stream])
             event_args += (index, event.seq, event.stream_id, item.payload)
         args = [*self._head, len(shards), *fence.values(), *job_shards, *event_args]
-        with transient_errors("apply batch"):
+        with redis_errors("apply batch"):
             codes, fenced = await self._script(keys=keys, args=args)
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
         return Applied(

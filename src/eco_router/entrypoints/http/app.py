@@ -17,6 +17,7 @@ from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
+from eco_router.entrypoints.http.public_errors import EpisodeLog, public_reason, service_of
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
 
@@ -82,11 +83,18 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
         )
         app.add_middleware(DemoJobThrottle, throttle=throttle)
 
+    episodes = EpisodeLog()
+
     @app.exception_handler(PortError)
     async def port_error(request: Request, error: PortError) -> JSONResponse:
         status = next((s for t, s in ERROR_STATUS.items() if isinstance(error, t)), 500)
         headers = ERROR_HEADERS.get(status)
-        return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+        detail = str(error)
+        if status >= 500:
+            # An adapter's text names internal addresses: the client gets a generic line.
+            episodes.failed(service_of(error), error)
+            detail = public_reason(error)
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
     return app
 

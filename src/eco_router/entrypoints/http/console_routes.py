@@ -29,8 +29,9 @@ from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDea
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
-from eco_router.application.replay_dead_letters import ReplayDeadLetters
+from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.public_errors import EpisodeLog
 from eco_router.entrypoints.http.sse_responses import SSE_HEADERS, bearer_token
 from eco_router.entrypoints.settings import Settings
 
@@ -105,7 +106,8 @@ async def stream(
     settings: Settings = Config,
 ) -> StreamingResponse:
     closing: asyncio.Event = request.app.state.console_closing
-    frames = _snapshot_frames(read, settings.console_refresh_s, closing)
+    episodes: EpisodeLog = request.app.state.console_episodes
+    frames = _snapshot_frames(read, settings.console_refresh_s, closing, episodes)
     return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -132,6 +134,7 @@ async def dead_letters(
                     "domain": page.domain,
                     "total": page.total,
                     "scanned": page.scanned,
+                    "matching": page.matching,
                     "letters": [_letter(page.domain, letter) for letter in page.letters],
                 }
                 for page in found
@@ -148,6 +151,7 @@ class ReplayRequest(BaseModel):
     all_matching: bool = False
     reason: str | None = Field(None, max_length=64)
     q: str | None = Field(None, max_length=200)
+    expected: int | None = Field(None, ge=0, description="with all_matching: the count confirmed")
 
 
 @router.post("/api/dead-letters/replay", dependencies=[Admin])
@@ -165,7 +169,9 @@ async def replay_dead_letters(
             replayed = await replay(body.domain, ids=body.ids, scan=SCAN_LIMIT)
         else:
             matching = DeadLetterFilter(body.reason or None, body.q or None)
-            replayed = await replay(body.domain, matching=matching, scan=SCAN_LIMIT)
+            replayed = await replay(
+                body.domain, matching=matching, scan=SCAN_LIMIT, expected=body.expected
+            )
     if replayed:
         log.info("console: replayed %d dead letters of %s", len(replayed), body.domain)
     return _json({"replayed": replayed})
@@ -231,6 +237,7 @@ def install(app: FastAPI, container: Container) -> None:
     container.wire(modules=[__name__])
     app.include_router(router)
     app.state.console_closing = asyncio.Event()
+    app.state.console_episodes = EpisodeLog()
     settings: Settings = container.settings()
     if settings.console and settings.jwt_secret is None:
         log.warning(
@@ -247,17 +254,17 @@ def end_streams(app: FastAPI) -> None:
 
 
 async def _snapshot_frames(
-    read: ReadConsoleSnapshot, refresh_s: float, closing: asyncio.Event
+    read: ReadConsoleSnapshot, refresh_s: float, closing: asyncio.Event, episodes: EpisodeLog
 ) -> AsyncIterator[bytes]:
     yield f"retry: {int(refresh_s * 1000)}\n\n".encode()
     while not closing.is_set():
         try:
             frame = b"event: snapshot\ndata: " + orjson.dumps(await read()) + b"\n\n"
         except Exception as error:
-            # The page shows the cause and keeps the last figures; the next tick tries again.
-            log.warning("console: cannot read the pipeline's state: %s", error)
-            detail = orjson.dumps({"detail": str(error) or type(error).__name__})
-            frame = b"event: unavailable\ndata: " + detail + b"\n\n"
+            # The page says so and keeps the last figures; the next tick tries again. The
+            # cause (addresses, driver text) goes to the log only.
+            episodes.failed("redis (console)", error)
+            frame = b'event: unavailable\ndata: {"detail":"redis unavailable, retry later"}\n\n'
         yield frame
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(closing.wait(), refresh_s)
@@ -265,9 +272,12 @@ async def _snapshot_frames(
 
 @contextlib.contextmanager
 def _client_errors() -> Iterator[None]:
-    """What the use cases refuse, as the client's mistake: unknown → 404, invalid → 422."""
+    """What the use cases refuse, as the client's mistake: unknown → 404, invalid → 422, a
+    selection that changed since it was confirmed → 409."""
     try:
         yield
+    except SelectionChanged as error:
+        raise HTTPException(409, str(error)) from error
     except LookupError as error:
         raise HTTPException(404, str(error)) from error
     except ValueError as error:

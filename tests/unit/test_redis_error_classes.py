@@ -1,0 +1,98 @@
+"""The Redis error classifier: transient (retry) versus permanent (quarantine), for replies
+shaped exactly as redis-py parses them."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import given
+from hypothesis import strategies as st
+from redis._parsers.base import BaseParser
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from eco_router.adapters.redis.errors import TRANSIENT_CODES, is_transient, port_error
+from eco_router.application.errors import PermanentError, TransientError
+
+KNOWN_PERMANENT = ("WRONGTYPE", "NOPERM", "ERR", "NOGROUP", "EXECABORT", "CROSSSLOT")
+codes = st.sampled_from(sorted(TRANSIENT_CODES))
+other_codes = st.one_of(
+    st.sampled_from(KNOWN_PERMANENT),
+    st.text(string.ascii_uppercase, min_size=2, max_size=12).filter(
+        lambda c: c not in TRANSIENT_CODES
+    ),
+)
+# What follows a code: free text without upper-case words that could be read as a code.
+details = st.text(string.ascii_lowercase + string.digits + " .,'>()-_@", max_size=80)
+keys = st.text(string.ascii_letters + string.digits + ":{}-_", min_size=1, max_size=40)
+
+
+def reply_error(line: str) -> Exception:
+    """The exception redis-py raises for the error reply `line`."""
+    return BaseParser.parse_error(line)
+
+
+class TestTransient:
+    @given(code=codes, detail=details, key=keys)
+    def test_every_transient_code_is_retried_whatever_the_text(
+        self, code: str, detail: str, key: str
+    ) -> None:
+        error = reply_error(f"{code} {detail}")
+
+        assert is_transient(error)
+        assert isinstance(port_error(error, "command", key=key), TransientError)
+
+    @given(code=codes, detail=details, line=st.integers(min_value=1, max_value=999))
+    def test_a_transient_code_inside_a_script_error_is_still_transient(
+        self, code: str, detail: str, line: int
+    ) -> None:
+        error = reply_error(
+            f"ERR Error running script (call to f_abc): @user_script:{line}: {code} {detail}"
+        )
+
+        assert is_transient(error)
+
+    @given(detail=details)
+    def test_connection_and_timeout_errors_are_transient(self, detail: str) -> None:
+        for error in (
+            RedisConnectionError(detail),
+            RedisTimeoutError(detail),
+            ConnectionResetError(detail),
+            TimeoutError(detail),
+        ):
+            assert is_transient(error)
+
+
+class TestPermanent:
+    @given(code=other_codes, detail=details, key=keys)
+    def test_any_other_reply_error_is_permanent_and_names_the_key(
+        self, code: str, detail: str, key: str
+    ) -> None:
+        error = reply_error(f"{code} {detail}")
+
+        translated = port_error(error, "XREADGROUP", key=key)
+
+        assert not is_transient(error)
+        assert isinstance(translated, PermanentError)
+        assert translated.key == key
+        assert translated.cause.startswith("XREADGROUP: ")
+
+    def test_the_errors_of_the_review_are_classified_as_documented(self) -> None:
+        oom = "OOM command not allowed when used memory > 'maxmemory'."
+        wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value"
+        assert is_transient(reply_error(oom))
+        assert is_transient(reply_error("LOADING Redis is loading the dataset in memory"))
+        assert is_transient(reply_error("BUSY Redis is busy running a script."))
+        assert is_transient(reply_error("READONLY You can't write against a read only replica."))
+        assert is_transient(reply_error("MASTERDOWN Link with MASTER is down"))
+        assert is_transient(reply_error("NOSCRIPT No matching script."))
+        assert not is_transient(reply_error(wrongtype))
+        assert not is_transient(reply_error("NOPERM this user has no permissions"))
+        assert not is_transient(reply_error("ERR unknown command 'XAUTOCLAIM'"))
+
+
+@given(line=st.text(max_size=120))
+def test_classifying_never_fails_whatever_the_reply(line: str) -> None:
+    error = reply_error(line)
+
+    assert isinstance(port_error(error, "command"), TransientError | PermanentError)
