@@ -47,10 +47,12 @@ lint: venv
 
 # The operator console at /console and the gateway's /metrics are on here (both are off by
 # default); EVENT_ROUTER_CONSOLE=false or EVENT_ROUTER_GATEWAY_METRICS=false turns them off.
+# PORT=8010 serves on another port than 8000.
 run: venv
 	EVENT_ROUTER_CONSOLE=$${EVENT_ROUTER_CONSOLE:-true} \
 	EVENT_ROUTER_GATEWAY_METRICS=$${EVENT_ROUTER_GATEWAY_METRICS:-true} \
-		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory)
+		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory) \
+		$(if $(PORT),--port $(PORT))
 
 worker: venv
 	$(BIN)/eco-router worker

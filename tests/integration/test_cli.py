@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
 import subprocess
 
 import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from eco_router import __version__
@@ -32,7 +34,9 @@ from tests.integration.support import (
     worker_env,
 )
 
-SUMMARY = re.compile(r"jobs (\d+)/(\d+) \((\d+) failed\) · events (\d+) \(\+(\d+) retried\)")
+SUMMARY = re.compile(
+    r"jobs (\d+)/(\d+) finished \((\d+) failed(?:: ([^)]+))?\) · events (\d+) \(\+(\d+) retried\)"
+)
 
 
 @pytest.fixture
@@ -171,6 +175,19 @@ class TestState:
         assert lines[1] == "history (3 events):"
         assert [line.split()[0] for line in lines[2:]] == ["seq=0", "seq=10", "seq=11"]
 
+    async def test_a_history_of_one_event_says_one_event(
+        self, env: dict[str, str], workers: Workers, streams_redis: Redis
+    ) -> None:
+        await workers.start()
+        publisher = AsyncStreamPublisher(streams_redis, producer_config())
+        await publisher.publish_stage_event("job-1", "queued", "queued", progress=0)
+        await eventually(lambda: job_state(streams_redis, "job-1"), what="job-1 routed")
+
+        done = await eco_router(env, "state", "job-1")
+
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[1] == "history (1 event):"
+
     async def test_state_json_is_the_snapshot_and_history_as_json(
         self, env: dict[str, str], workers: Workers, streams_redis: Redis
     ) -> None:
@@ -236,25 +253,29 @@ class TestDemo:
     ) -> None:
         await workers.start()
 
-        done = await eco_router(env, "demo", "--jobs", "3", "--rate", "300")
+        done = await eco_router(env, "demo", "--jobs", "10", "--rate", "600")
 
         assert done.returncode == 0, done.stderr
         summary = SUMMARY.search(done.stdout.splitlines()[-1])
         assert summary is not None, done.stdout
-        finished, total, failed, events, _retries = map(int, summary.groups())
-        assert (finished, total) == (3, 3)
+        finished, total, failed = map(int, summary.group(1, 2, 3))
+        events = int(summary.group(5))
+        named = summary.group(4).split(", ") if summary.group(4) else []
+        assert (finished, total) == (10, 10)
         entries = await all_entries(streams_redis)
         assert len(entries) == events  # retries were absorbed by the producer's idempotency
         jobs = {fields[b"job_id"].decode() for _, fields in entries}
-        assert len(jobs) == 3
+        assert len(jobs) == 10
 
-        async def final_statuses() -> list[str] | None:
-            states = [await job_state(streams_redis, job) for job in sorted(jobs)]
-            statuses = [s["status"] for s in states if s is not None]
-            return statuses if len(statuses) == 3 and set(statuses) <= {"done", "failed"} else None
+        async def final_statuses() -> dict[str, str] | None:
+            states = {job: await job_state(streams_redis, job) for job in sorted(jobs)}
+            statuses = {job: s["status"] for job, s in states.items() if s is not None}
+            done_or_failed = len(statuses) == 10 and set(statuses.values()) <= {"done", "failed"}
+            return statuses if done_or_failed else None
 
         statuses = await eventually(final_statuses, what="every demo job done or failed")
-        assert statuses.count("failed") == failed
+        assert sorted(named) == sorted(j for j, status in statuses.items() if status == "failed")
+        assert len(named) == failed
 
     async def test_sigint_stops_the_demo_cleanly(
         self, env: dict[str, str], streams_redis: Redis
@@ -285,7 +306,7 @@ class TestDemo:
         summary = SUMMARY.search(last)
         assert summary is not None, stdout
         assert int(summary.group(1)) < 1000
-        assert int(summary.group(4)) == len(await all_entries(streams_redis))
+        assert int(summary.group(5)) == len(await all_entries(streams_redis))
 
 
 # Entries no producer would write: the router dead-letters them with these reasons.
@@ -370,6 +391,38 @@ class TestDeadLetters:
         assert "note=\\u001b[2J\\u001b[31mred" in done.stdout
         assert "\x00" not in done.stdout
 
+    async def test_dlq_list_says_how_many_more_letters_count_left_out(
+        self, env: dict[str, str], dead_lettered: DeadLettered
+    ) -> None:
+        done = await eco_router(env, "dlq", "list", "--count", "1")
+        every = await eco_router(env, "dlq", "list", "--count", "2")
+
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "… 1 more; --count 2 shows every one"
+        assert not every.stdout.splitlines()[-1].startswith("…")
+
+    async def test_a_reader_that_stops_early_ends_the_listing_quietly(
+        self, env: dict[str, str], dead_lettered: DeadLettered
+    ) -> None:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # as `| head -2` has by the time more lines come
+        try:
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [*WorkerProcess.command(), "dlq", "list"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(write_end)
+
+        assert done.returncode == 141
+        assert done.stderr == ""
+
     async def test_dlq_list_says_when_the_dead_letter_stream_is_empty(
         self, env: dict[str, str]
     ) -> None:
@@ -392,7 +445,7 @@ class TestDeadLetters:
         match = re.search(rf"^{dlq_id} -> {stream} (\S+)$", done.stdout, re.MULTILINE)
         assert match is not None, done.stdout
         assert await _fields_of(streams_redis, stream, match.group(1)) == original
-        assert "replayed 1 dead letters" in done.stdout
+        assert done.stdout.splitlines()[-1] == "replayed 1 dead letter"
         remaining = [i.decode() for i, _ in await streams_redis.xrange(SCAN.dead_letter_stream)]
         assert remaining == [other_id]
 
@@ -402,7 +455,7 @@ class TestDeadLetters:
         done = await eco_router(env, "dlq", "replay", "--all")
 
         assert done.returncode == 0, done.stderr
-        assert "replayed 2 dead letters" in done.stdout
+        assert done.stdout.splitlines()[-1] == "replayed 2 dead letters"
         new_entries = re.findall(r"^\S+ -> (\S+) (\S+)$", done.stdout, re.MULTILINE)
         replayed = [(s, await _fields_of(streams_redis, s, i)) for s, i in new_entries]
         originals = [(stream, fields) for stream, _, fields in dead_lettered.entries.values()]
@@ -549,7 +602,7 @@ class TestStatus:
         by_stream = {s["stream"]: s for s in shown["shards"]}
         assert (by_stream[SCAN.streams[1]]["lag"], by_stream[SCAN.streams[1]]["pending"]) == (2, 1)
 
-    async def test_an_unreachable_streams_server_is_one_line_and_exit_1(
+    async def test_an_unreachable_streams_server_is_the_workers_line_and_exit_3(
         self, env: dict[str, str]
     ) -> None:
         with socket.socket() as probe:
@@ -559,11 +612,43 @@ class TestStatus:
 
         done = await eco_router({**env, "REDIS_STREAMS_URL": url}, "status")
 
-        assert done.returncode == 1
+        assert done.returncode == 3
         assert done.stdout == ""
-        [line] = done.stderr.strip().splitlines()
-        assert f"cannot connect to the streams server at {url} (REDIS_STREAMS_URL)" in line
-        assert "Traceback" not in done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: cannot reach the streams Redis at {url}: connection refused"
+        ]
+
+    async def test_a_server_that_needs_a_password_the_url_lacks_is_exit_2(
+        self, env: dict[str, str]
+    ) -> None:
+        with RedisServer() as server:
+            # Set once it runs: the fixture's readiness PING carries no password.
+            await asyncio.to_thread(_require_password, server.port)
+            done = await eco_router({**env, "REDIS_STREAMS_URL": server.url}, "status")
+
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: the streams Redis at {server.url} refused the credentials: "
+            "it needs a password and the URL has none"
+        ]
+
+    async def test_a_database_the_server_lacks_is_a_configuration_error_exit_2(
+        self, env: dict[str, str], streams_server: RedisServer
+    ) -> None:
+        url = f"redis://127.0.0.1:{streams_server.port}/99"
+
+        done = await eco_router({**env, "REDIS_STREAMS_URL": url}, "status")
+
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: the streams Redis at {url} has no such database (DB index is out of "
+            "range; the server's `databases` setting is lower)"
+        ]
+
+
+def _require_password(port: int) -> None:
+    with SyncRedis(host="127.0.0.1", port=port) as client:
+        client.config_set("requirepass", "s3cret")
 
 
 async def _no_pending(redis: Redis) -> bool:
@@ -589,6 +674,46 @@ class TestServeStartup:
         ]
         assert "s3cret" not in done.stderr + done.stdout
 
+    async def test_serve_with_its_port_taken_starts_nothing_and_ends_with_one_line(
+        self, env: dict[str, str]
+    ) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            done = await eco_router(env, "serve", "--in-memory", "--port", str(port))
+
+        assert done.returncode == 3, done.stderr
+        assert done.stderr.splitlines() == [
+            f"error: cannot listen on 127.0.0.1:{port}: address already in use"
+        ]
+
+    async def test_the_startup_line_names_the_console_when_it_is_on(
+        self, env: dict[str, str]
+    ) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *WorkerProcess.command(),
+            *("serve", "--in-memory", "--port", "0"),
+            env={**env, "EVENT_ROUTER_CONSOLE": "true"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            async with asyncio.timeout(30):
+                line = ""
+                while "open http://" not in line:
+                    line = (await process.stderr.readline()).decode()
+                    assert line, "serve ended before its startup line"
+        finally:
+            process.terminate()
+            await process.wait()
+
+        match = re.search(r"open (http://127\.0\.0\.1:\d+)/ in a browser", line)
+        assert match is not None, line
+        assert f"the operator console is at {match.group(1)}/console" in line
+
 
 class TestHelpAndVersion:
     async def test_version_prints_the_package_version(self, env: dict[str, str]) -> None:
@@ -601,12 +726,17 @@ class TestHelpAndVersion:
         top = await eco_router(env, "--help")
         serve = await eco_router(env, "serve", "--help")
         demo = await eco_router(env, "demo", "--help")
+        worker = await eco_router(env, "worker", "--help")
 
-        assert "3 a Redis server or the port unavailable at startup" in " ".join(top.stdout.split())
+        top_text = " ".join(top.stdout.split())
+        assert "3 a Redis server or the port unavailable at startup" in top_text
+        assert "or `dlq replay` ids that name no dead letter" in top_text
         assert "(default: 127.0.0.1)" in serve.stdout
         assert "(default: 8000)" in serve.stdout
         assert "(default: 20)" in demo.stdout
         assert "(default: scan)" in demo.stdout
+        loops = "lease keeper, consumer, reclaimer, shard observer"
+        assert loops in " ".join(worker.stdout.split())
 
 
 class TestDemoJobIds:

@@ -142,6 +142,12 @@ class TestCredentialsAndTls:
         url = f"rediss://router:s3cret@127.0.0.1:{tls_port}/0?ssl_ca_certs={tls_files['ca']}"
         assert (await route_one_event(url, url))["seq"] == 3
 
+    async def test_unix_socket_urls_reach_the_server(self, tmp_path: Path) -> None:
+        path = tmp_path / "redis.sock"
+        with RedisServer(extra_args=["--unixsocket", str(path)]):
+            url = f"unix://{path}?db=0"
+            assert (await route_one_event(url, url))["seq"] == 3
+
     def test_an_unknown_scheme_is_refused(self) -> None:
         with pytest.raises(ConfigError, match="REDIS_PUBSUB_URL"):
             load_settings(REDIS_PUBSUB_URL="tcp://127.0.0.1:6379")

@@ -278,6 +278,19 @@ class TestStartupErrors:
             "the credentials: wrong user name or password, or the user is disabled"
         ]
 
+    def test_a_database_the_server_lacks_is_a_configuration_error_exit_2(
+        self, streams_server: RedisServer, pubsub_server: RedisServer
+    ) -> None:
+        url = f"redis://127.0.0.1:{pubsub_server.port}/99"
+
+        done = _run_worker(worker_env(streams_server.url, url))
+
+        assert done.returncode == 2, done.stderr
+        assert _error_lines(done.stderr) == [
+            f"error: the Pub/Sub Redis at {url} has no such database (DB index is out of "
+            "range; the server's `databases` setting is lower)"
+        ]
+
     def test_a_taken_http_port_exits_3(
         self, streams_server: RedisServer, pubsub_server: RedisServer
     ) -> None:

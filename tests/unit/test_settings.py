@@ -8,7 +8,7 @@ import pytest
 
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.cli import log_start, main
-from eco_router.entrypoints.settings import ConfigError, load_settings
+from eco_router.entrypoints.settings import ConfigError, load_settings, unknown_variables
 
 ENV_PREFIXES = ("EVENT_ROUTER_", "REDIS_STREAMS_URL", "REDIS_PUBSUB_URL", "POD_NAME")
 
@@ -126,7 +126,10 @@ class TestErrors:
         assert main(["dlq", "replay", "--all"]) == 2
 
         err = capsys.readouterr().err
-        assert "EVENT_ROUTER_JWT_SECRET: Value error, must be at least 32 bytes" in err
+        assert err.splitlines() == [
+            "error: invalid configuration: EVENT_ROUTER_JWT_SECRET: must be at least 32 bytes "
+            "for HS256 (e.g. the output of `openssl rand -base64 32`) (value hidden)"
+        ]
         assert "hunter2" not in err
 
     def test_exp_is_required_unless_switched_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,3 +202,132 @@ class TestSecretsInErrors:
 
         assert "EVENT_ROUTER_JWT_SECRET" in str(raised.value)
         assert "value hidden" in str(raised.value)
+
+
+# Every URL here names a closed port (1) or nothing at all, and so does the other variable: were
+# a bad URL accepted, the command would find no server, never one it does not own.
+CLOSED = "redis://127.0.0.1:1/0"
+
+
+class TestRedisUrls:
+    @pytest.mark.parametrize(
+        ("url", "problem"),
+        [
+            ("redis://:pw-secret@[bad", "is not a valid URL (Invalid IPv6 URL)"),
+            ("redis://127.0.0.1:notaport/0", "port must be a number from 1 to 65535"),
+            ("redis://127.0.0.1:70000/0", "port must be a number from 1 to 65535"),
+            ("redis://127.0.0.1:0/0", "port must be a number from 1 to 65535"),
+            ("redis://127.0.0.1:1/abc", "database 'abc' is not a number"),
+            ("redis://127.0.0.1:1/0?db=x", "database 'x' is not a number"),
+            ("redis://:1/0", "names no host"),
+            ("unix://", "names no socket path"),
+            ("unix:///nonexistent/redis.sock?db=one", "database 'one' is not a number"),
+            ("http://127.0.0.1:1/0", "must start with redis://, rediss:// or unix://"),
+        ],
+    )
+    @pytest.mark.parametrize("variable", ["REDIS_STREAMS_URL", "REDIS_PUBSUB_URL"])
+    @pytest.mark.parametrize("command", [["worker"], ["serve"], ["status"]])
+    def test_a_bad_url_is_one_line_naming_the_variable_and_exit_2(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        url: str,
+        problem: str,
+        variable: str,
+        command: list[str],
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", CLOSED)
+        monkeypatch.setenv("REDIS_PUBSUB_URL", CLOSED)
+        monkeypatch.setenv(variable, url)
+
+        assert main(command) == 2
+
+        captured = capsys.readouterr()
+        [line] = captured.err.splitlines()
+        assert line.startswith(f"error: invalid configuration: {variable}: {problem}")
+        assert "pw-secret" not in captured.err + captured.out
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "redis://localhost",
+            "redis://redis-a:6380/15",
+            "redis://router:p%40ss@[::1]:6379/2",
+            "rediss://router:pw@redis-b:6380/0?ssl_ca_certs=/etc/ca.pem",
+            "unix:///run/redis/redis.sock",
+            "unix://router:pw@/run/redis/redis.sock?db=3",
+        ],
+    )
+    def test_every_form_redis_py_reads_is_accepted(self, url: str) -> None:
+        assert load_settings(REDIS_STREAMS_URL=url).redis_streams_url == url
+
+
+class TestProblemLines:
+    def test_each_problem_is_one_line_without_pydantic_prefixes(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", CLOSED)
+        monkeypatch.setenv("EVENT_ROUTER_LOG_LEVEL", "LOUD")
+        monkeypatch.setenv("EVENT_ROUTER_READ_COUNT", "abc")
+
+        assert main(["worker"]) == 2
+
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2
+        assert all(line.startswith("error: invalid configuration: EVENT_ROUTER_") for line in lines)
+        assert "EVENT_ROUTER_LOG_LEVEL: must be DEBUG, INFO" in "\n".join(lines)
+        assert "Value error" not in "\n".join(lines)
+
+
+class TestUnknownVariables:
+    def test_a_misspelled_variable_is_named_with_the_closest_setting(self) -> None:
+        environ = {
+            "EVENT_ROUTER_CONSOL": "true",
+            "EVENT_ROUTER_CONSOLE": "true",
+            "EVENT_ROUTER_QQQQQQQQ": "1",
+            "REDIS_STREAMS_URL": "redis://h/0",
+            "PATH": "/usr/bin",
+        }
+
+        assert unknown_variables(environ) == [
+            "EVENT_ROUTER_CONSOL is not a setting and is ignored "
+            "(did you mean EVENT_ROUTER_CONSOLE?)",
+            "EVENT_ROUTER_QQQQQQQQ is not a setting and is ignored",
+        ]
+
+    def test_the_cli_warns_once_at_startup(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_CONSOL", "true")
+        # Port 1 is closed: the command stops at its first connection.
+        monkeypatch.setenv("REDIS_STREAMS_URL", CLOSED)
+
+        main(["status"])
+
+        warnings = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+        assert len(warnings) == 1
+        assert warnings[0].endswith(
+            "EVENT_ROUTER_CONSOL is not a setting and is ignored "
+            "(did you mean EVENT_ROUTER_CONSOLE?)"
+        )
+
+
+class TestOperatorCommandsStartup:
+    @pytest.mark.parametrize(
+        "command",
+        [["status"], ["state", "job-7"], ["dlq", "list"], ["dlq", "replay", "--all"]],
+    )
+    def test_an_unreachable_server_is_the_workers_line_and_exit_3(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        command: list[str],
+    ) -> None:
+        monkeypatch.setenv("REDIS_STREAMS_URL", "redis://router:pw-secret@127.0.0.1:1/0")
+
+        assert main(command) == 3
+
+        assert capsys.readouterr().err.splitlines() == [
+            "error: cannot reach the streams Redis at redis://router:***@127.0.0.1:1/0: "
+            "connection refused"
+        ]

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -25,8 +26,18 @@ from eco_router.entrypoints.http.app import create_app, end_streams
 from eco_router.entrypoints.http.server_config import server_config
 from eco_router.entrypoints.logging_setup import configure_logging
 from eco_router.entrypoints.operator_commands import UsageError
-from eco_router.entrypoints.settings import ConfigError, Settings, load_settings
-from eco_router.entrypoints.startup_checks import StartupFailure, check_redis_servers
+from eco_router.entrypoints.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    unknown_variables,
+)
+from eco_router.entrypoints.startup_checks import (
+    StartupFailure,
+    cause,
+    check_redis_servers,
+    listening_socket,
+)
 from eco_router.entrypoints.worker import serve
 
 log = logging.getLogger("eco_router")
@@ -46,9 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        for line in str(error).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return ExitCode.CONFIGURATION
     configure_logging(settings.log_level)
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
     try:
         if args.command == "worker":
             return _worker(settings)
@@ -61,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 route=not args.no_router,
                 demo=args.demo,
             )
-        return asyncio.run(_operator_command(settings, args))
+        return _operator(settings, args)
     except StartupFailure as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
@@ -73,13 +87,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.ERROR
 
 
+def _operator(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        code = asyncio.run(_operator_command(settings, args))
+        # Flushed here, so a closed pipe is met below and not in Python's exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader has gone (`eco-router dlq list | head -2`): stop quietly with the status
+        # of a tool that SIGPIPE ended (128 + 13), as `git log | head` does. Pointing stdout
+        # at /dev/null keeps Python's last flush from failing again (Python docs, "Note on
+        # SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitCode.BROKEN_PIPE
+    except (OSError, RedisError, TransientError) as error:
+        # The server answered at first (`streams_client`), then failed mid-command.
+        print(f"error: eco-router {_command_name(args)}: {cause(error)}", file=sys.stderr)
+        return ExitCode.ERROR
+    return code
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    return f"dlq {args.dlq_command}" if args.command == "dlq" else str(args.command)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eco-router",
         description="Routes job-progress events from Redis Streams to Pub/Sub.",
         epilog="Settings come from the environment (README: Configuration). Exit status: 0 "
-        "stopped cleanly, 1 error, 2 invalid configuration, 3 a Redis server or the port "
-        "unavailable at startup.",
+        "done or stopped cleanly; 1 an error, or `state` of an unknown job; 2 an invalid "
+        "setting, argument or credentials, a Redis database the server lacks, or `dlq replay` "
+        "ids that name no dead letter; 3 a Redis server or the port unavailable at startup; "
+        "4 a router task kept failing (worker); 141 output closed early (e.g. `| head`).",
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -87,8 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     _command(
         commands,
         "worker",
-        "run the router (consumer + reclaimer) with /health, /ready, /metrics on "
-        "EVENT_ROUTER_HTTP_HOST:EVENT_ROUTER_HTTP_PORT",
+        "run the router (lease keeper, consumer, reclaimer, shard observer) with /health, "
+        "/ready, /metrics on EVENT_ROUTER_HTTP_HOST:EVENT_ROUTER_HTTP_PORT",
     )
     serve_cmd = _command(
         commands, "serve", "run the HTTP app (SSE gateway, demo page) with the router inside"
@@ -254,6 +294,22 @@ def _worker(settings: Settings) -> int:
 def _serve(
     settings: Settings, *, host: str, port: int, in_memory: bool, route: bool, demo: bool
 ) -> int:
+    sock = listening_socket(host, port)
+    try:
+        return _serve_on(sock, settings, host=host, in_memory=in_memory, route=route, demo=demo)
+    finally:
+        sock.close()
+
+
+def _serve_on(
+    sock: socket.socket,
+    settings: Settings,
+    *,
+    host: str,
+    in_memory: bool,
+    route: bool,
+    demo: bool,
+) -> int:
     if in_memory:
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
@@ -263,11 +319,21 @@ def _serve(
         log.info("serving SSE only: events are routed by eco-router worker processes")
     container = build_container(settings, in_memory=in_memory, route=route)
     app = create_app(container, route=route, demo=demo)
-    log.info("open http://%s:%d/ in a browser", host, port)
+    port = int(sock.getsockname()[1])
+    if settings.console:
+        log.info(
+            "open http://%s:%d/ in a browser; the operator console is at http://%s:%d/console",
+            host,
+            port,
+            host,
+            port,
+        )
+    else:
+        log.info("open http://%s:%d/ in a browser", host, port)
     config = server_config(app, settings, host=host, port=port)
     server = _GatewayServer(config, before_shutdown=lambda: end_streams(app))
-    server.run()
-    # uvicorn has logged why it could not start (e.g. the port is taken).
+    server.run(sockets=[sock])
+    # uvicorn has logged why it could not start.
     return ExitCode.OK if server.started else ExitCode.UNREACHABLE
 
 

@@ -13,22 +13,23 @@ from typing import Any, TextIO
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from eco_router.adapters.progress_entries import ProducerConfig
-from eco_router.adapters.redis.connection import open_redis, redacted
+from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
-from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
-from eco_router.application.errors import TransientError
 from eco_router.application.messages import GroupView, ShardStats
+from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.settings import Settings
-from eco_router.entrypoints.terminal_text import printable
+from eco_router.entrypoints.startup_checks import connection_failure
+from eco_router.entrypoints.terminal_text import plural, printable
 
 
 class UsageError(Exception):
@@ -56,18 +57,16 @@ def producer_config(settings: Settings, domain: str, stages: str | None) -> Prod
 
 @asynccontextmanager
 async def streams_client(settings: Settings) -> AsyncIterator[Redis]:
-    """A client of the streams server that answered PING; one clear error when it cannot."""
+    """A client of the streams server that answered PING; else the `StartupFailure` that
+    `worker` and `serve` stop with (same line, same exit status)."""
     url = settings.redis_streams_url
     async with open_redis(
         url, socket_timeout_s=10.0, client_name="eco-router-cli", ping=False
     ) as client:
         try:
             await client.ping()
-        except TRANSIENT_REDIS_ERRORS as error:
-            where = f"{redacted(url)} (REDIS_STREAMS_URL)"
-            raise TransientError(
-                f"cannot connect to the streams server at {where}: {error}"
-            ) from error
+        except (RedisError, OSError) as error:
+            raise connection_failure("streams", url, error) from error
         yield client
 
 
@@ -115,17 +114,45 @@ async def demo(
     stop = _stop_on_signals()
     live = _LiveLine(out)
     async with streams_client(settings) as client:
-        run = RunDemoJobs(
-            publisher=AsyncStreamPublisher(client, config), stages=config.plan.stages, rate=rate
-        )
+        publisher = _FailuresNoted(AsyncStreamPublisher(client, config))
+        run = RunDemoJobs(publisher=publisher, stages=config.plan.stages, rate=rate)
         tally = await run(
             jobs,
             stop,
             on_event=lambda t: live.show(_describe(t, jobs)),
             on_job_started=lambda job: live.note(f"started {domain} job {job}"),
         )
-    live.finish(_describe(tally, jobs) + (" (stopped)" if stop.is_set() else ""))
+    summary = _describe(tally, jobs, failed=publisher.failed_jobs)
+    live.finish(summary + (" (stopped)" if stop.is_set() else ""))
     return 0
+
+
+class _FailuresNoted(ProgressPublisher):
+    """A publisher that notes which jobs it published a failure of, in order."""
+
+    def __init__(self, publisher: ProgressPublisher) -> None:
+        self._publisher = publisher
+        self._failed: dict[str, None] = {}
+
+    @property
+    def failed_jobs(self) -> list[str]:
+        return list(self._failed)
+
+    async def publish_stage_event(
+        self,
+        job_id: str,
+        stage: str,
+        status: str,
+        *,
+        result: Any = None,
+        progress: int | None = None,
+        seq: int | None = None,
+    ) -> str:
+        if status == "failed":
+            self._failed[job_id] = None
+        return await self._publisher.publish_stage_event(
+            job_id, stage, status, result=result, progress=progress, seq=seq
+        )
 
 
 async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out: TextIO) -> int:
@@ -148,7 +175,7 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
         say(f"no state for {domain} job {job!r} (unknown or expired)", out)
         return 1
     say(f"{domain} job {job}: {_line(snapshot)}", out)
-    say(f"history ({len(history)} events):", out)
+    say(f"history ({plural(len(history), 'event')}):", out)
     for event in history:
         say(f"  {_line(event)}", out)
     return 0
@@ -157,7 +184,10 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
 async def dlq_list(settings: Settings, *, domain: str, count: int, out: TextIO) -> int:
     family = family_for(settings, domain)
     async with streams_client(settings) as client:
-        letters = await RedisDeadLetterArchive(client).oldest(family, count=count)
+        archive = RedisDeadLetterArchive(client)
+        letters = await archive.oldest(family, count=count)
+        # Counted only when the listing is full, so a short listing costs no second command.
+        total = (await archive.tally(family)).count if len(letters) == count else len(letters)
     if not letters:
         say(f"{family.dead_letter_stream} is empty", out)
     for letter in letters:
@@ -170,6 +200,8 @@ async def dlq_list(settings: Settings, *, domain: str, count: int, out: TextIO) 
             out,
         )
         say(f"    {fields}", out)
+    if total > len(letters):
+        say(f"… {total - len(letters)} more; --count {total} shows every one", out)
     return 0
 
 
@@ -200,7 +232,7 @@ async def dlq_replay(
             raise UsageError(str(error)) from error
     for item in replayed:
         say(f"{item.dlq_id} -> {item.stream} {item.new_id}", out)
-    say(f"replayed {len(replayed)} dead letters", out)
+    say(f"replayed {plural(len(replayed), 'dead letter')}", out)
     return 0
 
 
@@ -267,9 +299,9 @@ def _status_lines(report: dict[str, Any]) -> list[str]:
     lag = str(sum(s["lag"] or 0 for s in shards))
     unknown = sum(1 for s in shards if s["lag"] is None)
     if unknown:
-        lag += f" ({unknown} shard{'s' if unknown != 1 else ''} unknown)"
+        lag += f" ({plural(unknown, 'shard')} unknown)"
     pending = sum(s["pending"] for s in shards)
-    alive = f"{len(routers)} router{'s' if len(routers) != 1 else ''} alive"
+    alive = f"{plural(len(routers), 'router')} alive"
     lines = [
         f"group {report['group']}: {alive}, {held}/{len(shards)} shards held, "
         f"lag {lag}, pending {pending}",
@@ -338,10 +370,14 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def _describe(tally: DemoTally, jobs: int) -> str:
+def _describe(tally: DemoTally, jobs: int, *, failed: Sequence[str] = ()) -> str:
+    """The demo's progress line; the last one also names the jobs that failed."""
     done = tally.jobs_finished + tally.jobs_failed
+    failures = f"{tally.jobs_failed} failed"
+    if failed:
+        failures += f": {', '.join(failed)}"
     return (
-        f"jobs {done}/{jobs} ({tally.jobs_failed} failed) · events {tally.events} "
+        f"jobs {done}/{jobs} finished ({failures}) · events {tally.events} "
         f"(+{tally.retries} retried) · {tally.rate:.0f} ev/s"
     )
 

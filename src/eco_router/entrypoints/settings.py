@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -26,7 +29,8 @@ from eco_router.domain.event_size import (
 )
 from eco_router.domain.streams import StreamFamily
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_ENV_PREFIX = "EVENT_ROUTER_"
+_TCP_SCHEMES = ("redis", "rediss")
 
 
 def default_consumer_name() -> str:
@@ -57,11 +61,43 @@ def parse_families(spec: str) -> tuple[StreamFamily, ...]:
     return tuple(families)
 
 
+def check_redis_url(url: str) -> None:
+    """Raise `ValueError` saying what is wrong unless redis-py would connect where `url` says.
+
+    redis-py itself fails late on some mistakes (a traceback for a bad port) and silently
+    ignores others (`/abc` as the database becomes database 0).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:
+        raise ValueError(f"is not a valid URL ({error})") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("port must be a number from 1 to 65535") from None
+    if parts.scheme not in (*_TCP_SCHEMES, "unix"):
+        raise ValueError("must start with redis://, rediss:// or unix://")
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("names no socket path (unix:///path/to/redis.sock)")
+    else:
+        if not parts.hostname:
+            raise ValueError("names no host (redis://HOST:PORT/DB)")
+        if port == 0:
+            raise ValueError("port must be a number from 1 to 65535")
+        if parts.path not in ("", "/"):
+            databases.insert(0, parts.path[1:])
+    for database in databases:
+        if not (database.isascii() and database.isdigit()):
+            raise ValueError(f"database {database!r} is not a number (e.g. /0)")
+
+
 class Settings(BaseSettings):
     """Every setting of the router; env names as documented in the README."""
 
     model_config = SettingsConfigDict(
-        env_prefix="EVENT_ROUTER_", extra="forbid", frozen=True, populate_by_name=True
+        env_prefix=_ENV_PREFIX, extra="forbid", frozen=True, populate_by_name=True
     )
 
     redis_streams_url: str = Field(
@@ -124,8 +160,8 @@ class Settings(BaseSettings):
     @field_validator("redis_streams_url", "redis_pubsub_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(_REDIS_SCHEMES):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        if value is not None:
+            check_redis_url(value)
         return value
 
     @field_validator("jwt_secret")
@@ -219,12 +255,41 @@ def describe(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
         location = str(problem["loc"][0]) if problem["loc"] else ""
+        message = _message(problem)
         if not location:
             # A rule across settings: its input is the whole environment, secrets included.
-            lines.append(f"{problem['msg']}")
+            lines.append(f"invalid configuration: {message}")
             continue
-        lines.append(f"{_env_name(location)}: {problem['msg']} ({_shown(location, problem)})")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+        shown = _shown(location, problem)
+        lines.append(f"invalid configuration: {_env_name(location)}: {message} ({shown})")
+    return "\n".join(lines)
+
+
+def _message(problem: Any) -> str:
+    """pydantic's message without the "Value error, " it puts before a validator's own."""
+    message = str(problem["msg"])
+    if problem.get("type") == "value_error":
+        return message.removeprefix("Value error, ")
+    return message
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each `EVENT_ROUTER_*` variable no setting reads (a typo, most likely)."""
+    known = [
+        name.upper()
+        for name, field in Settings.model_fields.items()
+        if field.validation_alias is None
+    ]
+    warnings = []
+    for name in sorted(environ):
+        suffix = name.removeprefix(_ENV_PREFIX)
+        if suffix == name or suffix in known:
+            continue
+        # Matched without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(suffix, known, n=1)
+        hint = f" (did you mean {_ENV_PREFIX}{close[0]}?)" if close else ""
+        warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
 
 
 def _shown(field: str, problem: Any) -> str:
@@ -243,4 +308,4 @@ _URL_FIELDS = frozenset({"redis_streams_url", "redis_pubsub_url"})
 def _env_name(field: str) -> str:
     if field.isupper():
         return field
-    return f"EVENT_ROUTER_{field.upper()}"
+    return f"{_ENV_PREFIX}{field.upper()}"

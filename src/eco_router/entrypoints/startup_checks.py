@@ -1,4 +1,4 @@
-"""Before a long-running command starts: do the Redis servers answer? One line when not."""
+"""Before a command starts: do the Redis servers answer, is the port free? One line when not."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import socket
 from urllib.parse import urlsplit
 
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eco_router.adapters.redis.connection import open_redis, redacted
@@ -32,21 +32,60 @@ async def check_redis_servers(settings: Settings) -> None:
 
 
 async def _ping(role: str, url: str) -> None:
-    where = f"the {role} Redis at {redacted(url)}"
     try:
         async with open_redis(
             url, socket_timeout_s=STARTUP_TIMEOUT_S, client_name="eco-router-startup"
         ):
             pass
-    except AuthenticationError as error:
-        raise StartupFailure(
+    except (RedisError, OSError) as error:
+        raise connection_failure(role, url, error) from error
+
+
+def connection_failure(role: str, url: str, error: RedisError | OSError) -> StartupFailure:
+    """Why the first command on the `role` server ("streams", "Pub/Sub") failed, in one line.
+
+    Refused credentials and a database the server does not have are configuration (exit 2);
+    anything else means the server is out of reach (exit 3).
+    """
+    where = f"the {role} Redis at {redacted(url)}"
+    if isinstance(error, AuthenticationError):
+        return StartupFailure(
             f"{where} refused the credentials: {_credentials_problem(url)}",
             ExitCode.CONFIGURATION,
-        ) from error
-    except (RedisError, OSError) as error:
+        )
+    if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
+        return StartupFailure(
+            f"{where} has no such database (DB index is out of range; the server's "
+            "`databases` setting is lower)",
+            ExitCode.CONFIGURATION,
+        )
+    return StartupFailure(f"cannot reach {where}: {cause(error)}", ExitCode.UNREACHABLE)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (0: any free port), before anything else starts.
+
+    uvicorn would find the port taken only after the app and the router had started, log
+    its own lines and exit; binding first makes that one line and exit 3.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as error:
         raise StartupFailure(
-            f"cannot reach {where}: {cause(error)}", ExitCode.UNREACHABLE
+            f"cannot listen on {host}:{port}: {cause(error)}", ExitCode.UNREACHABLE
         ) from error
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise StartupFailure(
+            f"cannot listen on {host}:{port}: {cause(error)}", ExitCode.UNREACHABLE
+        ) from error
+    return sock
 
 
 def cause(error: BaseException) -> str:

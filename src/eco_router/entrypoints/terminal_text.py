@@ -26,6 +26,11 @@ def _escape(char: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """The count with its noun: `1 dead letter`, `2 dead letters`, `0 routers`."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 class PrintableFormatter(logging.Formatter):
     """Log lines whose message cannot drive the terminal; tracebacks keep their lines."""
 

@@ -21,18 +21,20 @@ MAX_CONNECTIONS = 100
 
 
 def redis_client(url: str, *, socket_timeout_s: float, client_name: str) -> Redis:
-    """A client for `url` (redis://, rediss://, with user and password) that fails fast.
+    """A client for `url` (redis://, rediss://, unix://, with user and password) that fails fast.
 
     Beyond `MAX_CONNECTIONS` concurrent commands, callers wait (up to the socket timeout)
     for a pooled connection instead of failing.
     """
+    # TCP keepalive means nothing on a Unix socket, whose connection class refuses the option.
+    tcp = {} if url.startswith("unix://") else {"socket_keepalive": True}
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=MAX_CONNECTIONS,
         timeout=socket_timeout_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=2.0,
-        socket_keepalive=True,
+        **tcp,
         health_check_interval=15,
         # One quick retry swaps a pooled connection that died with a restarted server; longer
         # outages belong to the router's own back-off, which knows what to keep unacked.
