@@ -9,7 +9,6 @@ Debian's chromium is driven headless through Playwright, as in test_demo_page.py
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from tests.browser.test_demo_page import (
     _serve_command,
     _wait_for_health,
     browser,
+    stop_server,
 )
 
 __all__ = ["browser"]  # the shared chromium fixture, used by the tests below
@@ -78,13 +78,7 @@ def serving_console(log: Path, **env: str) -> Iterator[ConsoleServer]:
             yield ConsoleServer(base_url, redis)
         finally:
             redis.close()
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_server(process)
 
 
 @pytest.fixture(scope="module")

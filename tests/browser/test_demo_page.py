@@ -91,6 +91,17 @@ def _log_tail(path: Path, lines: int = 40) -> str:
     return f"--- {path} ---\n" + "\n".join(text.splitlines()[-lines:])
 
 
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as Kubernetes stops a pod; SIGKILL if it has not exited 15 s later."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def _wait_for_health(process: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
     deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
     while True:
@@ -171,13 +182,7 @@ def _demo_server(
         _wait_for_health(process, base_url, log)
         yield base_url
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_server(process)
 
 
 @pytest.fixture(scope="module")

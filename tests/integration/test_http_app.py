@@ -124,6 +124,7 @@ class TestHttpAppOnRedis:
             "leases": "ok",
             "reclaimer": "ok",
             "observer": "ok",
+            "feed": "ok",
         }
         assert routed == 1
         state = await job_state(streams_redis, "scan-http")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from fastapi import HTTPException, Request
+
 # What a refused client is told to wait (429 past the cap, 503 while a dependency is down).
 RETRY_AFTER_S = 5
 
@@ -32,3 +34,18 @@ class ClientStreams:
 
     def open_streams(self, client: str) -> int:
         return self._open[client]
+
+
+def hold_stream(request: Request, streams: ClientStreams) -> str:
+    """Count one more stream for the request's client address; 429 past the cap.
+
+    Returns the address, for the `release` once the stream ends.
+    """
+    client = request.client.host if request.client else "unknown"
+    if not streams.acquire(client):
+        raise HTTPException(
+            429,
+            "too many open streams from this address",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    return client

@@ -31,7 +31,7 @@ from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
 from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.entrypoints.container import Container
-from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
+from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
 from eco_router.entrypoints.http.public_errors import EpisodeLog
 from eco_router.entrypoints.http.sse_responses import (
     ClosingStreamingResponse,
@@ -113,13 +113,7 @@ async def stream(
     episodes: EpisodeLog = request.app.state.console_episodes
     # Console streams count toward the same cap per client address as job streams.
     client_streams: ClientStreams = request.app.state.client_streams
-    client = request.client.host if request.client else "unknown"
-    if not client_streams.acquire(client):
-        raise HTTPException(
-            429,
-            "too many open streams from this address",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+    client = hold_stream(request, client_streams)
 
     async def close() -> None:
         client_streams.release(client)

@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 
 from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
-from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
+from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
 
 JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 # A seq is at most a signed 64-bit integer; longer ids are not ours (and `int()` of thousands
@@ -48,13 +48,7 @@ async def job_event_stream(
     authorizer.authorize(bearer_token(request, cookie), job_id, domain=domain)
     if await stream.already_ended(domain, job_id, after):
         return Response(status_code=204)
-    client = request.client.host if request.client else "unknown"
-    if not client_streams.acquire(client):
-        raise HTTPException(
-            429,
-            "too many open streams from this address",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+    client = hold_stream(request, client_streams)
     try:
         opened = await stream.open(domain, job_id, after)
     except BaseException:
