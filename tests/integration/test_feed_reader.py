@@ -28,8 +28,13 @@ def health() -> FeedHealth:
 
 
 @pytest.fixture
+def metrics() -> InMemoryGatewayMetrics:
+    return InMemoryGatewayMetrics()
+
+
+@pytest.fixture
 async def feed(
-    pubsub_server: RedisServer, health: FeedHealth
+    pubsub_server: RedisServer, health: FeedHealth, metrics: InMemoryGatewayMetrics
 ) -> AsyncIterator[RedisPubSubEventFeed]:
     """A feed whose user may subscribe to the channels of `allowed-*` jobs only."""
     admin = Redis.from_url(pubsub_server.url)
@@ -42,7 +47,7 @@ async def feed(
         redis,
         channel_prefix=PREFIX,
         decoder=OrjsonEventDecoder(),
-        metrics=InMemoryGatewayMetrics(),
+        metrics=metrics,
         confirm_timeout_s=2.0,
         health=health,
     )
@@ -56,7 +61,11 @@ async def feed(
 
 class TestARefusedSubscription:
     async def test_fails_its_viewer_and_the_next_viewers_are_served(
-        self, feed: RedisPubSubEventFeed, pubsub_redis: Redis, health: FeedHealth
+        self,
+        feed: RedisPubSubEventFeed,
+        pubsub_redis: Redis,
+        health: FeedHealth,
+        metrics: InMemoryGatewayMetrics,
     ) -> None:
         with pytest.raises(TransientError, match="permissions"):
             await feed.subscribe("scan", "refused-1")
@@ -68,6 +77,7 @@ class TestARefusedSubscription:
 
         assert await seqs(viewer, 1) == [1]
         assert "permissions" in refused
+        assert metrics.feed_failures == 1
         await wait_until(_ok(health), what="the feed check back to ok")
 
 

@@ -367,3 +367,7 @@ class GatewayMetrics(Protocol):
     def delivered(self, latency_ms: float) -> None:
         """A live event reached a client this long after its entry was written."""
         ...
+
+    def feed_failed(self) -> None:
+        """The Pub/Sub reader lost its connection or failed: one per episode, not per retry."""
+        ...

@@ -17,6 +17,7 @@ class InMemoryGatewayMetrics(GatewayMetrics):
         self.snapshots = 0
         self.dropped = 0
         self.overtaken = 0
+        self.feed_failures = 0
         self.latencies_ms: list[float] = []
 
     def connection_opened(self) -> None:
@@ -40,3 +41,6 @@ class InMemoryGatewayMetrics(GatewayMetrics):
 
     def delivered(self, latency_ms: float) -> None:
         self.latencies_ms.append(latency_ms)
+
+    def feed_failed(self) -> None:
+        self.feed_failures += 1

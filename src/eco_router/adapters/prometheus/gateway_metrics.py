@@ -50,6 +50,11 @@ class PrometheusGatewayMetrics(GatewayMetrics):
             "Live events not sent because a newer seq of the job reached the client first.",
             registry=registry,
         )
+        self._feed_failures = Counter(
+            "event_router_gateway_feed_failures",
+            "Episodes of the Pub/Sub reader that feeds the SSE streams lost or failing.",
+            registry=registry,
+        )
         self._latency = Histogram(
             "event_router_gateway_delivery_latency_seconds",
             "Entry written (its id's time) to written to the client, live events.",
@@ -79,3 +84,6 @@ class PrometheusGatewayMetrics(GatewayMetrics):
 
     def delivered(self, latency_ms: float) -> None:
         self._latency.observe(latency_ms / 1000)
+
+    def feed_failed(self) -> None:
+        self._feed_failures.inc()

@@ -161,6 +161,7 @@ class RedisPubSubEventFeed(EventFeed):
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:
                     log.warning("Pub/Sub connection lost, reconnecting: %s", error)
+                    self._metrics.feed_failed()
                 self._health.failing(f"Pub/Sub connection lost: {error}")
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
@@ -171,6 +172,7 @@ class RedisPubSubEventFeed(EventFeed):
                 if not backoff.failing:
                     name = type(error).__name__
                     log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
+                    self._metrics.feed_failed()
                 self._health.failing(f"Pub/Sub reader failed: {type(error).__name__}: {error}")
                 self._fail_unconfirmed(error)
                 await asyncio.sleep(backoff.next_delay())
