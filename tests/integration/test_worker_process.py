@@ -297,16 +297,17 @@ class TestStartupErrors:
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
+            port = taken.getsockname()[1]
             env = worker_env(
-                streams_server.url,
-                pubsub_server.url,
-                EVENT_ROUTER_HTTP_PORT=str(taken.getsockname()[1]),
+                streams_server.url, pubsub_server.url, EVENT_ROUTER_HTTP_PORT=str(port)
             )
             done = _run_worker(env)
 
         assert done.returncode == 3, done.stderr
         assert "Traceback" not in done.stderr
-        assert _error_lines(done.stderr)[-1].startswith("error: cannot listen on 127.0.0.1:")
+        assert _error_lines(done.stderr) == [
+            f"error: cannot listen on 127.0.0.1:{port}: address already in use"
+        ]
 
 
 class TestOrderAcrossWorkers:

@@ -16,7 +16,7 @@ from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http.app import create_ops_app
 from eco_router.entrypoints.runner import RouterRunner, kept_failing
-from eco_router.entrypoints.startup_checks import StartupFailure
+from eco_router.entrypoints.startup_checks import StartupFailure, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,25 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     server = _OpsServer(config)
     # The worker serves no viewers: no Pub/Sub reader, and no `feed` check in its readiness.
     container.event_feed.override(providers.Object(None))
+    # Bound before the router starts: a taken port is one line with its reason, nothing else.
+    sock = listening_socket(settings.http_host, settings.http_port)
+    try:
+        await _serve_on(sock, server, container, stop)
+    finally:
+        sock.close()
+
+
+async def _serve_on(
+    sock: socket.socket, server: _OpsServer, container: Container, stop: asyncio.Event
+) -> None:
+    settings = container.settings()
     async with RouterRunner(container) as runner:
-        http = asyncio.create_task(server.serve(), name="ops-http")
+        http = asyncio.create_task(server.serve(sockets=[sock]), name="ops-http")
         # uvicorn exposes `started` as a flag only, so poll it briefly.
         while not server.started and not http.done():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if not server.started:
-            # uvicorn has logged why (e.g. the port is taken).
+            # uvicorn has logged why.
             raise StartupFailure(
                 f"cannot listen on {settings.http_host}:{settings.http_port}",
                 ExitCode.UNREACHABLE,
