@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from eco_router.adapters.redaction import QueryTokenFilter, redact_query, redact_url
-from eco_router.adapters.redis.connection import redacted
 
 
 @pytest.mark.parametrize(
@@ -25,7 +24,6 @@ from eco_router.adapters.redis.connection import redacted
 )
 def test_urls_are_printed_without_their_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
-    assert redacted(url) == shown
 
 
 def test_token_parameters_of_any_name_are_hidden_and_others_kept() -> None:

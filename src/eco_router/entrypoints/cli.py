@@ -16,8 +16,8 @@ import uvicorn
 from redis.exceptions import RedisError
 
 from eco_router import __version__
-from eco_router.adapters.redis.connection import redacted
-from eco_router.application.errors import TransientError
+from eco_router.adapters.redaction import redact_url
+from eco_router.application.errors import PortError
 from eco_router.domain.progress import InvalidProgressEvent, StagePlan, Status
 from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, InvalidProgressEvent) as error:
         print(f"eco-router {args.command}: {error}", file=sys.stderr)
         return ExitCode.CONFIGURATION
-    except (OSError, RuntimeError, RedisError, TransientError) as error:
+    except (OSError, RuntimeError, RedisError, PortError) as error:
         log.error("%s", error)
         return ExitCode.ERROR
 
@@ -100,7 +100,7 @@ def _operator(settings: Settings, args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return ExitCode.BROKEN_PIPE
-    except (OSError, RedisError, TransientError) as error:
+    except (OSError, RedisError, PortError) as error:
         # The server answered at first (`streams_client`), then failed mid-command.
         print(f"error: eco-router {_command_name(args)}: {cause(error)}", file=sys.stderr)
         return ExitCode.ERROR
@@ -373,8 +373,8 @@ def log_start(command: str, settings: Settings) -> None:
     log.info(
         "%s: streams %s, pubsub %s, families %s, group %s, consumer %s",
         command,
-        redacted(settings.redis_streams_url),
-        redacted(settings.pubsub_url),
+        redact_url(settings.redis_streams_url),
+        redact_url(settings.pubsub_url),
         ",".join(f"{f.prefix}={f.shards}" for f in settings.streams),
         settings.consumer_group,
         settings.consumer_name,

@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.adapters.redis.connection import open_redis, redacted
+from eco_router.adapters.redaction import redact_url
+from eco_router.adapters.redis.connection import open_redis
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.settings import Settings
 
@@ -47,7 +48,7 @@ def connection_failure(role: str, url: str, error: RedisError | OSError) -> Star
     Refused credentials and a database the server does not have are configuration (exit 2);
     anything else means the server is out of reach (exit 3).
     """
-    where = f"the {role} Redis at {redacted(url)}"
+    where = f"the {role} Redis at {redact_url(url)}"
     if isinstance(error, AuthenticationError):
         return StartupFailure(
             f"{where} refused the credentials: {_credentials_problem(url)}",

@@ -10,8 +10,6 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from eco_router.adapters.redaction import redact_url
-
 log = logging.getLogger(__name__)
 
 
@@ -56,8 +54,3 @@ async def open_redis(
         yield client
     finally:
         await client.aclose()
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for logs."""
-    return redact_url(url)

@@ -13,7 +13,7 @@ from eco_router.adapters.dead_letter_format import (
     dead_letter_fields,
     read_dead_letter,
 )
-from eco_router.adapters.redis.errors import redis_errors, transient_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import DeadLetter, DeadLetterTally, Replayed
@@ -68,7 +68,7 @@ class RedisDeadLetterArchive(DeadLetterArchive):
 
     async def oldest(self, family: StreamFamily, *, count: int = 100) -> list[StoredDeadLetter]:
         """The oldest `count` dead letters of the family."""
-        with transient_errors("XRANGE dead letters"):
+        with redis_errors("XRANGE dead letters"):
             entries = await self._redis.xrange(family.dead_letter_stream, count=count)
         return _letters(entries)
 
@@ -87,14 +87,14 @@ class RedisDeadLetterArchive(DeadLetterArchive):
                     f"dead letter {letter.dlq_id} names stream {letter.stream!r}, "
                     f"which is not a shard of {family.prefix}"
                 )
-            with transient_errors("replay dead letter"):
+            with redis_errors("replay dead letter"):
                 new_id = await self._redis.xadd(letter.stream, dict(letter.fields))  # type: ignore[arg-type]
                 await self._redis.xdel(family.dead_letter_stream, letter.dlq_id)
             replayed.append(Replayed(letter.dlq_id, letter.stream, _text(new_id)))
         return replayed
 
     async def tally(self, family: StreamFamily) -> DeadLetterTally:
-        with transient_errors("XLEN dead letters"):
+        with redis_errors("XLEN dead letters"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.xlen(family.dead_letter_stream)
                 pipe.xrevrange(family.dead_letter_stream, count=1)
@@ -105,7 +105,7 @@ class RedisDeadLetterArchive(DeadLetterArchive):
         self, family: StreamFamily, dlq_ids: Sequence[str] | None
     ) -> list[StoredDeadLetter]:
         if dlq_ids is None:
-            with transient_errors("XRANGE dead letters"):
+            with redis_errors("XRANGE dead letters"):
                 entries = await self._redis.xrange(family.dead_letter_stream)
             return _letters(entries)
         wanted = list(dict.fromkeys(dlq_ids))
@@ -115,7 +115,7 @@ class RedisDeadLetterArchive(DeadLetterArchive):
         async with self._redis.pipeline(transaction=False) as pipe:
             for dlq_id in well_formed:
                 pipe.xrange(family.dead_letter_stream, dlq_id, dlq_id)
-            with transient_errors("XRANGE dead letters"):
+            with redis_errors("XRANGE dead letters"):
                 found = await pipe.execute() if well_formed else []
         letters = [_letters(entries) for entries in found]
         missing = [

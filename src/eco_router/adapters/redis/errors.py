@@ -104,14 +104,3 @@ def redis_errors(
         yield
     except _REDIS_ERRORS as error:
         raise port_error(error, what, key=key, transient_type=error_type) from error
-
-
-@contextmanager
-def transient_errors(
-    what: str, error_type: type[TransientError] = TransientError
-) -> Iterator[None]:
-    """Re-raise unreachable-server errors as `error_type`, naming the operation."""
-    try:
-        yield
-    except TRANSIENT_REDIS_ERRORS as error:
-        raise error_type(f"{what}: {type(error).__name__}: {error}") from error

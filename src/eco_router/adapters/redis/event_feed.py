@@ -10,7 +10,7 @@ from collections import defaultdict
 from redis.asyncio import Redis
 
 from eco_router.adapters.feed_queue import ViewerQueue
-from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, transient_errors
+from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, redis_errors
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
@@ -113,7 +113,7 @@ class RedisPubSubEventFeed(EventFeed):
                 if first:
                     loop = asyncio.get_running_loop()
                     confirmed = self._confirmed[channel] = loop.create_future()
-                    with transient_errors(f"subscribe {channel}"):
+                    with redis_errors(f"subscribe {channel}"):
                         await self._pubsub.subscribe(channel)
                     self._has_channels.set()
                 else:

@@ -65,10 +65,7 @@ class RedisStreamEventSource(EventSource):
             if not isinstance(reply, Exception):
                 created.append(stream)
             elif "BUSYGROUP" not in str(reply):
-                error = port_error(reply, "XGROUP CREATE", key=stream)
-                if isinstance(error, TransientError):
-                    raise error from reply
-                broken[stream] = error
+                broken[stream] = _refused(reply, "XGROUP CREATE", stream)
         return broken, created
 
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
@@ -92,10 +89,7 @@ class RedisStreamEventSource(EventSource):
         deliveries: list[Delivery] = []
         for stream, read in zip(after, reads, strict=True):
             if isinstance(read, Exception):
-                error = port_error(read, "XREADGROUP", key=stream)
-                if isinstance(error, TransientError):
-                    raise error from read
-                broken[stream] = error
+                broken[stream] = _refused(read, "XREADGROUP", stream)
                 continue
             deliveries += [d for name, entries in read for d in self._deliveries(name, entries)]
         first = first_ids(deliveries)
@@ -104,10 +98,7 @@ class RedisStreamEventSource(EventSource):
             if stream in broken or (isinstance(found, Exception) and _is_nogroup(found)):
                 continue
             if isinstance(found, Exception):
-                error = port_error(found, "XPENDING", key=stream)
-                if isinstance(error, TransientError):
-                    raise error from found
-                broken[stream] = error
+                broken[stream] = _refused(found, "XPENDING", stream)
             elif found and (
                 _text(found[0]["consumer"]) != self._consumer
                 or _text(found[0]["message_id"]) != first.get(stream)
@@ -257,6 +248,15 @@ class RedisStreamEventSource(EventSource):
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _refused(reply: Exception, what: str, stream: str) -> PermanentError:
+    """The permanent error a failed command of a pipeline stands for; a transient one is
+    raised, as it concerns every shard."""
+    error = port_error(reply, what, key=stream)
+    if isinstance(error, TransientError):
+        raise error from reply
+    return error
 
 
 def _read_reply(reply: Any) -> list[Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.errors import transient_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.application.messages import ShardCounters
 from eco_router.application.ports import ShardProgress
 from eco_router.domain.streams import StreamFamily
@@ -23,7 +23,7 @@ class RedisShardProgress(ShardProgress):
         self._group = group
 
     async def counters(self) -> list[ShardCounters]:
-        with transient_errors("XINFO GROUPS"):
+        with redis_errors("XINFO GROUPS"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for stream in self._shards:
                     pipe.xinfo_groups(stream)

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.errors import redis_errors, transient_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.messages import Applied, EncodedEvent, JobView
@@ -68,7 +68,7 @@ class RedisLuaStateStore(StateStore):
 
     async def view(self, domain: str, job_id: str) -> JobView:
         job = JobKeys.of(domain, job_id)
-        with transient_errors("read job view"):
+        with redis_errors("read job view"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.get(job.state)
                 pipe.lrange(job.history, 0, -1)
