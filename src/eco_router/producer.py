@@ -12,14 +12,12 @@ idempotency window returns the first entry's id instead of adding another.
 
 from __future__ import annotations
 
-import redis
-import redis.asyncio
-
 from eco_router.adapters.progress_entries import (
     DEFAULT_IDEMPOTENCY_TTL_S,
     DEFAULT_MAXLEN,
     ProducerConfig,
 )
+from eco_router.adapters.redis.connection import async_redis_client, sync_redis_client
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
 from eco_router.domain.event_size import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -69,12 +67,13 @@ def producer_config(
 def connect(
     url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
 ) -> StreamPublisher:
-    """A synchronous publisher on `url` (default config: domain `scan`, 4 shards)."""
-    return StreamPublisher(redis.Redis.from_url(url), config or producer_config())
+    """A synchronous publisher on `url` (default config: domain `scan`, 4 shards); `url` may
+    name one server (`redis://`) or a Sentinel group (`redis+sentinel://`)."""
+    return StreamPublisher(sync_redis_client(url), config or producer_config())
 
 
 def connect_async(
     url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
 ) -> AsyncStreamPublisher:
     """An asyncio publisher on `url` (default config: domain `scan`, 4 shards)."""
-    return AsyncStreamPublisher(redis.asyncio.Redis.from_url(url), config or producer_config())
+    return AsyncStreamPublisher(async_redis_client(url), config or producer_config())

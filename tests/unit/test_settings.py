@@ -222,7 +222,13 @@ class TestRedisUrls:
             ("redis://:1/0", "names no host"),
             ("unix://", "names no socket path"),
             ("unix:///nonexistent/redis.sock?db=one", "database 'one' is not a number"),
-            ("http://127.0.0.1:1/0", "must start with redis://, rediss:// or unix://"),
+            ("http://127.0.0.1:1/0", "must start with redis://, rediss://, unix://, redis+"),
+            ("redis+sentinel://:pw-secret@127.0.0.1:1", "names no master"),
+            ("redis+sentinel://127.0.0.1:1,/mymaster", "names an empty host"),
+            ("redis+sentinel://127.0.0.1:99999/mymaster/0", "port of '127.0.0.1:99999' must be"),
+            ("redis+sentinel://127.0.0.1:1/mymaster/x", "database 'x' is not a number"),
+            ("redis+sentinel://127.0.0.1:1/m?ssl_ca_certs=/ca.pem", "ssl_ca_certs need TLS"),
+            ("redis+sentinel://127.0.0.1:1/m?sentinel_pass=pw-secret", "unknown option"),
         ],
     )
     @pytest.mark.parametrize("variable", ["REDIS_STREAMS_URL", "REDIS_PUBSUB_URL"])

@@ -6,10 +6,11 @@ import logging
 import re
 
 HIDDEN = "***"
-# Query parameters that carry credentials: tokens of any kind, passwords, secrets, keys.
+# Query parameters that carry credentials (tokens, passwords, secrets, keys), prefixed or not:
+# `sentinel_password`, `access_token`.
 _SECRET_PARAM = re.compile(
     r"(?i)(?P<name>(?:^|[?&;\s\"'])"
-    r"(?:[a-z0-9_.-]*token|password|passwd|pass|secret|jwt|api[_-]?key|auth|authorization)=)"
+    r"[a-z0-9_.-]*(?:token|password|passwd|pass|secret|jwt|api[_-]?key|auth|authorization)=)"
     r"(?P<value>[^&;#\s\"']*)"
 )
 

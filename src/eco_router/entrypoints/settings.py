@@ -7,7 +7,6 @@ import os
 import socket
 from collections.abc import Mapping
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -21,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from eco_router.adapters.jwt_authorizer import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
+from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
@@ -30,7 +30,6 @@ from eco_router.domain.event_size import (
 from eco_router.domain.streams import StreamFamily
 
 _ENV_PREFIX = "EVENT_ROUTER_"
-_TCP_SCHEMES = ("redis", "rediss")
 
 
 def default_consumer_name() -> str:
@@ -62,35 +61,9 @@ def parse_families(spec: str) -> tuple[StreamFamily, ...]:
 
 
 def check_redis_url(url: str) -> None:
-    """Raise `ValueError` saying what is wrong unless redis-py would connect where `url` says.
-
-    redis-py itself fails late on some mistakes (a traceback for a bad port) and silently
-    ignores others (`/abc` as the database becomes database 0).
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError as error:
-        raise ValueError(f"is not a valid URL ({error})") from None
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError("port must be a number from 1 to 65535") from None
-    if parts.scheme not in (*_TCP_SCHEMES, "unix"):
-        raise ValueError("must start with redis://, rediss:// or unix://")
-    databases = parse_qs(parts.query).get("db", [])
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ValueError("names no socket path (unix:///path/to/redis.sock)")
-    else:
-        if not parts.hostname:
-            raise ValueError("names no host (redis://HOST:PORT/DB)")
-        if port == 0:
-            raise ValueError("port must be a number from 1 to 65535")
-        if parts.path not in ("", "/"):
-            databases.insert(0, parts.path[1:])
-    for database in databases:
-        if not (database.isascii() and database.isdigit()):
-            raise ValueError(f"database {database!r} is not a number (e.g. /0)")
+    """Raise `ValueError` saying what is wrong unless `url` names a topology this router runs on."""
+    if isinstance(parse_redis_url(url), ClusterSeeds):
+        raise ValueError("Redis Cluster is not supported yet (use redis:// or redis+sentinel://)")
 
 
 class Settings(BaseSettings):

@@ -1,14 +1,26 @@
-"""Opening and closing the Redis clients the adapters share."""
+"""Opening and closing the Redis clients the adapters share, for every topology a URL names."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import redis
+import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
+
+from eco_router.adapters.redis.topology import (
+    ClusterSeeds,
+    Credentials,
+    SentinelGroup,
+    Standalone,
+    parse_redis_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -16,30 +28,112 @@ log = logging.getLogger(__name__)
 # redis-py's default pool (capped at 100 in current releases) raises MaxConnectionsError past
 # its cap: a burst of SSE clients, each reading its job's view, saw their streams end at once.
 MAX_CONNECTIONS = 100
+CONNECT_TIMEOUT_S = 2.0
 
 
-def redis_client(url: str, *, socket_timeout_s: float, client_name: str) -> Redis:
-    """A client for `url` (redis://, rediss://, unix://, with user and password) that fails fast.
+class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):
+    """A Sentinel-managed pool that waits for a free connection past its cap, like the
+    standalone one, instead of failing the command."""
+
+
+def redis_client(
+    url: str, *, socket_timeout_s: float, client_name: str
+) -> tuple[Redis, list[Redis]]:
+    """A client for `url` (one server or a Sentinel group's master) that fails fast, and the
+    sentinels' clients it asks (to close with it).
 
     Beyond `MAX_CONNECTIONS` concurrent commands, callers wait (up to the socket timeout)
-    for a pooled connection instead of failing.
+    for a pooled connection instead of failing. Behind Sentinel, every new connection asks
+    the sentinels for the master, so a failover needs no restart.
     """
-    # TCP keepalive means nothing on a Unix socket, whose connection class refuses the option.
-    tcp = {} if url.startswith("unix://") else {"socket_keepalive": True}
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=MAX_CONNECTIONS,
-        timeout=socket_timeout_s,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=2.0,
-        **tcp,
-        health_check_interval=15,
+    topology = parse_redis_url(url)
+    common: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": 15,
         # One quick retry swaps a pooled connection that died with a restarted server; longer
         # outages belong to the router's own back-off, which knows what to keep unacked.
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
-        client_name=client_name,
-    )
-    return Redis.from_pool(pool)
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+        "client_name": client_name,
+    }
+    if isinstance(topology, Standalone):
+        # TCP keepalive means nothing on a Unix socket, whose connection class refuses it.
+        tcp = {} if url.startswith("unix://") else {"socket_keepalive": True}
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=socket_timeout_s, **common, **tcp
+        )
+        return Redis.from_pool(pool), []
+    if isinstance(topology, SentinelGroup):
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            topology.sentinels, **_sentinel_group_kwargs(topology, socket_keepalive=True, **common)
+        )
+        client: Redis = sentinel.master_for(
+            topology.master_name,
+            redis_class=Redis,
+            connection_pool_class=BlockingSentinelConnectionPool,
+            max_connections=MAX_CONNECTIONS,
+            timeout=socket_timeout_s,
+        )
+        return client, list(sentinel.sentinels)
+    assert isinstance(topology, ClusterSeeds)
+    raise ValueError("Redis Cluster is not supported by this client yet")
+
+
+def sync_redis_client(url: str) -> redis.Redis:
+    """A blocking client for `url`, as the producer SDK's synchronous publisher uses it."""
+    topology = parse_redis_url(url)
+    if isinstance(topology, Standalone):
+        return redis.Redis.from_url(url)
+    if isinstance(topology, SentinelGroup):
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            topology.sentinels, **_sentinel_group_kwargs(topology)
+        )
+        client: redis.Redis = sentinel.master_for(topology.master_name)  # type: ignore[no-untyped-call]
+        return client
+    raise ValueError("Redis Cluster is not supported by this client yet")
+
+
+def async_redis_client(url: str) -> Redis:
+    """An asyncio client for `url` with redis-py's defaults, for the producer SDK."""
+    topology = parse_redis_url(url)
+    if isinstance(topology, Standalone):
+        return Redis.from_url(url)
+    if isinstance(topology, SentinelGroup):
+        sentinel = Sentinel(topology.sentinels, **_sentinel_group_kwargs(topology))  # type: ignore[no-untyped-call]
+        client: Redis = sentinel.master_for(topology.master_name, redis_class=Redis)
+        return client
+    raise ValueError("Redis Cluster is not supported by this client yet")
+
+
+def _sentinel_group_kwargs(topology: SentinelGroup, **common: Any) -> dict[str, Any]:
+    """`Sentinel(...)`'s keyword arguments: how to ask the sentinels, how to reach the master."""
+    return {
+        "sentinel_kwargs": _sentinel_kwargs(topology, socket_timeout_s=CONNECT_TIMEOUT_S),
+        **common,
+        **_credential_kwargs(topology.credentials),
+        "db": topology.db,
+    }
+
+
+def _credential_kwargs(credentials: Credentials) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"username": credentials.username, "password": credentials.password}
+    if credentials.tls:
+        kwargs["ssl"] = True
+        kwargs.update(credentials.tls_options)
+    return kwargs
+
+
+def _sentinel_kwargs(topology: SentinelGroup, *, socket_timeout_s: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": socket_timeout_s,
+        "username": topology.sentinel_username,
+        "password": topology.sentinel_password,
+    }
+    if topology.sentinel_tls:
+        kwargs["ssl"] = True
+        kwargs.update(topology.credentials.tls_options)
+    return kwargs
 
 
 @asynccontextmanager
@@ -47,10 +141,12 @@ async def open_redis(
     url: str, *, socket_timeout_s: float, client_name: str, ping: bool = True
 ) -> AsyncIterator[Redis]:
     """A client that answered PING (fail fast at startup) and is closed on exit."""
-    client = redis_client(url, socket_timeout_s=socket_timeout_s, client_name=client_name)
+    client, helpers = redis_client(url, socket_timeout_s=socket_timeout_s, client_name=client_name)
     try:
         if ping:
             await client.ping()
         yield client
     finally:
         await client.aclose()
+        for helper in helpers:
+            await helper.aclose()
