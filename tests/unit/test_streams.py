@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import pytest
 
 from eco_router.domain.errors import DomainError, InvalidStreamName
-from eco_router.domain.streams import StreamFamily, shard_for, shard_of
+from eco_router.domain.streams import (
+    SLOTS,
+    StreamFamily,
+    hash_tag,
+    key_slot,
+    shard_for,
+    shard_of,
+    slot_named,
+)
 
 JOB_IDS = [f"job-{n}" for n in range(200)] + ["a", "chat:42", "Z_9.x-y", "scan-0001", "ü-job"]
 
@@ -111,3 +120,57 @@ class TestShardOf:
 
     def test_the_error_is_a_domain_error(self) -> None:
         assert issubclass(InvalidStreamName, DomainError)
+
+
+class TestTaggedShards:
+    def test_a_tagged_shard_keeps_its_prefix_and_number_and_gets_a_hash_tag(self) -> None:
+        streams = StreamFamily("scan:events", 4, tagged=True).streams
+
+        assert [shard_of(s) for s in streams] == [0, 1, 2, 3]
+        assert all(s.startswith("scan:events:{") for s in streams)
+        assert len({hash_tag(s) for s in streams}) == 4
+
+    def test_the_plain_layout_keeps_todays_names(self) -> None:
+        assert StreamFamily("scan:events", 2).streams == ("scan:events:0", "scan:events:1")
+
+    def test_a_job_goes_to_the_same_shard_number_in_both_layouts(self) -> None:
+        plain, tagged = StreamFamily("scan:events", 4), StreamFamily("scan:events", 4, tagged=True)
+
+        for n in range(200):
+            job = f"job-{n}"
+            assert shard_of(tagged.stream_for(job)) == shard_of(plain.stream_for(job))
+
+    @pytest.mark.parametrize("shards", [1, 2, 3, 4, 8, 16, 64, 1024])
+    def test_a_familys_shards_spread_evenly_over_the_slots(self, shards: int) -> None:
+        slots = sorted(key_slot(s) for s in StreamFamily("scan:events", shards, True).streams)
+
+        gaps = [b - a for a, b in itertools.pairwise(slots)]
+        assert all(gap in (SLOTS // shards, SLOTS // shards + 1) for gap in gaps)
+
+    @pytest.mark.parametrize("families", [("scan:events",), ("scan:events", "chat:events")])
+    def test_the_default_shards_sit_within_one_of_the_mean_on_three_equal_masters(
+        self, families: tuple[str, ...]
+    ) -> None:
+        # redis-cli --cluster create gives 3 masters 5461, 5461 and 5462 slots.
+        bounds = (5461, 10922, SLOTS)
+        per_master = [0, 0, 0]
+        for prefix in families:
+            for stream in StreamFamily(prefix, 4, tagged=True).streams:
+                per_master[next(i for i, end in enumerate(bounds) if key_slot(stream) < end)] += 1
+
+        mean = sum(per_master) / 3
+        assert all(abs(count - mean) <= 1 for count in per_master), per_master
+
+
+class TestKeySlot:
+    @pytest.mark.parametrize(
+        ("key", "slot"),
+        # As CLUSTER KEYSLOT answers.
+        [("foo", 12182), ("{user1000}.following", 3443), ("a{}b", 13694), ("{a}{b}", 15495)],
+    )
+    def test_it_is_redis_clusters_slot(self, key: str, slot: int) -> None:
+        assert key_slot(key) == slot
+
+    def test_a_name_without_a_tag_is_tagged_whole_and_a_tagged_one_keeps_its_own(self) -> None:
+        assert slot_named("scan:events:0") == "{scan:events:0}"
+        assert slot_named("scan:events:{7}:0") == "scan:events:{7}:0"

@@ -17,7 +17,7 @@ from eco_router.domain.progress import (
     StagePlan,
     progress_event,
 )
-from eco_router.domain.streams import StreamFamily
+from eco_router.domain.streams import StreamFamily, slot_named
 
 DEFAULT_IDEMPOTENCY_TTL_S = 7200
 DEFAULT_MAXLEN = 10_000
@@ -62,7 +62,7 @@ class ProducerConfig:
         )
         stream = self.family.stream_for(event.job_id)
         # The hash tag puts the marker in the stream's Redis Cluster slot: one script, one slot.
-        marker = f"{{{stream}}}:once:{event.idempotency_suffix}"
+        marker = f"{slot_named(stream)}:once:{event.idempotency_suffix}"
         fields = stream_fields(event)
         self._check_routable(stream, fields)
         return PreparedEntry(stream, marker, fields)

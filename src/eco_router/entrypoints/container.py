@@ -18,7 +18,6 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
-from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import (
     RedisDeadLetterArchive,
@@ -50,6 +49,7 @@ from eco_router.entrypoints.factories import (
     demo_producer_config,
     make_admin_authorizer,
     make_authorizer,
+    make_broadcaster,
     open_event_feed,
 )
 from eco_router.entrypoints.settings import Settings
@@ -100,9 +100,13 @@ class Container(containers.DeclarativeContainer):
         markers_ttl_s=settings.provided.published_ttl_s,
         history_size=settings.provided.history_size,
         history_max_bytes=settings.provided.history_max_bytes,
+        families=settings.provided.streams,
     )
     broadcaster = providers.Singleton(
-        RedisPubSubBroadcaster, pubsub_redis, channel_prefix=settings.provided.channel_prefix
+        make_broadcaster,
+        pubsub_redis,
+        url=settings.provided.pubsub_url,
+        channel_prefix=settings.provided.channel_prefix,
     )
     dead_letters = providers.Singleton(
         RedisStreamDeadLetterSink, streams_redis, marker_ttl_s=settings.provided.published_ttl_s

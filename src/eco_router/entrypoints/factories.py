@@ -11,15 +11,21 @@ from redis.asyncio import Redis
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.adapters.progress_entries import ProducerConfig
+from eco_router.adapters.redis.broadcaster import (
+    RedisPubSubBroadcaster,
+    RedisShardedPubSubBroadcaster,
+)
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     AdminAuthorizer,
     Authorizer,
+    Broadcaster,
     EventDecoder,
     GatewayMetrics,
 )
-from eco_router.entrypoints.settings import Settings
+from eco_router.entrypoints.settings import Settings, is_cluster_url
 
 
 def demo_producer_config(settings: Settings) -> ProducerConfig:
@@ -43,6 +49,14 @@ def make_admin_authorizer(secret: SecretStr | None) -> AdminAuthorizer:
     if secret is None:
         return OpenAdminAuthorizer()
     return JwtAdminAuthorizer(secret.get_secret_value())
+
+
+def make_broadcaster(redis: RedisClient, *, url: str, channel_prefix: str) -> Broadcaster:
+    """SPUBLISH on a Redis Cluster (a message goes to its channel's node only), else PUBLISH."""
+    if is_cluster_url(url):
+        return RedisShardedPubSubBroadcaster(redis, channel_prefix=channel_prefix)
+    assert isinstance(redis, Redis)
+    return RedisPubSubBroadcaster(redis, channel_prefix=channel_prefix)
 
 
 @asynccontextmanager

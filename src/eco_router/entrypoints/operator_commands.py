@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from eco_router.adapters.progress_entries import ProducerConfig
-from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.connection import RedisClient, open_redis
 from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
@@ -56,7 +55,7 @@ def producer_config(settings: Settings, domain: str, stages: str | None) -> Prod
 
 
 @asynccontextmanager
-async def streams_client(settings: Settings) -> AsyncIterator[Redis]:
+async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
     """A client of the streams server that answered PING; else the `StartupFailure` that
     `worker` and `serve` stop with (same line, same exit status)."""
     url = settings.redis_streams_url

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import socket
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -62,8 +64,11 @@ def parse_families(spec: str) -> tuple[StreamFamily, ...]:
 
 def check_redis_url(url: str) -> None:
     """Raise `ValueError` saying what is wrong unless `url` names a topology this router runs on."""
-    if isinstance(parse_redis_url(url), ClusterSeeds):
-        raise ValueError("Redis Cluster is not supported yet (use redis:// or redis+sentinel://)")
+    parse_redis_url(url)
+
+
+def is_cluster_url(url: str) -> bool:
+    return isinstance(parse_redis_url(url), ClusterSeeds)
 
 
 class Settings(BaseSettings):
@@ -77,7 +82,12 @@ class Settings(BaseSettings):
         "redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_STREAMS_URL")
     )
     redis_pubsub_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_PUBSUB_URL"))
-    streams: Annotated[tuple[StreamFamily, ...], NoDecode] = parse_families("scan:events=4")
+    # `tagged` names every shard and its jobs' keys with a hash tag (one slot per shard);
+    # `auto` picks it on a Redis Cluster, where nothing else works.
+    key_layout: Literal["auto", "plain", "tagged"] = "auto"
+    streams: Annotated[tuple[StreamFamily, ...], NoDecode] = Field(
+        parse_families("scan:events=4"), validate_default=True
+    )
     consumer_group: str = Field("eventrouter", min_length=1)
     consumer_name: str = Field(default_factory=default_consumer_name, min_length=1)
     read_count: int = Field(100, ge=1, le=10_000)
@@ -130,6 +140,18 @@ class Settings(BaseSettings):
     def _parse_streams(cls, value: object) -> object:
         return parse_families(value) if isinstance(value, str) else value
 
+    @field_validator("streams")
+    @classmethod
+    def _lay_out_streams(
+        cls, value: tuple[StreamFamily, ...], info: ValidationInfo
+    ) -> tuple[StreamFamily, ...]:
+        layout = info.data.get("key_layout")
+        url = info.data.get("redis_streams_url")
+        tagged = layout == "tagged" or (
+            layout == "auto" and url is not None and is_cluster_url(url)
+        )
+        return tuple(dataclasses.replace(f, tagged=tagged) for f in value)
+
     @field_validator("redis_streams_url", "redis_pubsub_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
@@ -156,6 +178,15 @@ class Settings(BaseSettings):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError("must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return level
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Settings:
+        if self.key_layout == "plain" and is_cluster_url(self.redis_streams_url):
+            raise ValueError(
+                "EVENT_ROUTER_KEY_LAYOUT=plain cannot run on a Redis Cluster (REDIS_STREAMS_URL "
+                "is redis+cluster://): a batch's keys would span slots; use auto or tagged"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_ttls(self) -> Settings:

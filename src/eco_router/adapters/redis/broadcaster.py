@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.errors import PublishFailed
@@ -36,6 +37,34 @@ class RedisPubSubBroadcaster(Broadcaster):
             args += (self.channel(item.event.job_id), item.payload)
         with redis_errors(f"PUBLISH {len(events)} events", error_type=PublishFailed):
             await self._script(keys=[], args=args)
+
+    async def ping(self) -> None:
+        with redis_errors("PING Pub/Sub server"):
+            await self._redis.ping()
+
+
+class RedisShardedPubSubBroadcaster(Broadcaster):
+    """Publishes each payload with SPUBLISH on `{channel_prefix}:{job_id}`: on a Redis Cluster
+    a message reaches only the node owning its channel's slot (PUBLISH goes to every node).
+
+    The batch is one pipeline, which the cluster client splits per node and sends together.
+    """
+
+    def __init__(self, redis: RedisClient, *, channel_prefix: str) -> None:
+        self._redis = redis
+        self._prefix = channel_prefix
+
+    def channel(self, job_id: str) -> str:
+        return f"{self._prefix}:{job_id}"
+
+    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+        if not events:
+            return
+        with redis_errors(f"SPUBLISH {len(events)} events", error_type=PublishFailed):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for item in events:
+                    pipe.spublish(self.channel(item.event.job_id), item.payload)
+                await pipe.execute()
 
     async def ping(self) -> None:
         with redis_errors("PING Pub/Sub server"):

@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis
+import redis.cluster
 import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 100
 CONNECT_TIMEOUT_S = 2.0
 
+# What the adapters are given: one server's (or a Sentinel group's master's) client, or a
+# Redis Cluster's, which routes each command to the node owning its keys' slot.
+RedisClient = Redis | RedisCluster
+
 
 class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):
     """A Sentinel-managed pool that waits for a free connection past its cap, like the
@@ -38,7 +44,7 @@ class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionP
 
 def redis_client(
     url: str, *, socket_timeout_s: float, client_name: str
-) -> tuple[Redis, list[Redis]]:
+) -> tuple[RedisClient, list[Redis]]:
     """A client for `url` (one server or a Sentinel group's master) that fails fast, and the
     sentinels' clients it asks (to close with it).
 
@@ -76,10 +82,18 @@ def redis_client(
         )
         return client, list(sentinel.sentinels)
     assert isinstance(topology, ClusterSeeds)
-    raise ValueError("Redis Cluster is not supported by this client yet")
+    cluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
+        # A node's pool raises past its cap instead of waiting: leave room for bursts.
+        max_connections=MAX_CONNECTIONS * 4,
+        socket_keepalive=True,
+        **{k: v for k, v in common.items() if k != "retry"},
+        **_credential_kwargs(topology.credentials),
+    )
+    return cluster, []
 
 
-def sync_redis_client(url: str) -> redis.Redis:
+def sync_redis_client(url: str) -> redis.Redis | redis.cluster.RedisCluster:
     """A blocking client for `url`, as the producer SDK's synchronous publisher uses it."""
     topology = parse_redis_url(url)
     if isinstance(topology, Standalone):
@@ -90,10 +104,16 @@ def sync_redis_client(url: str) -> redis.Redis:
         )
         client: redis.Redis = sentinel.master_for(topology.master_name)  # type: ignore[no-untyped-call]
         return client
-    raise ValueError("Redis Cluster is not supported by this client yet")
+    return redis.cluster.RedisCluster(
+        startup_nodes=[
+            redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in topology.nodes
+        ],
+        **_credential_kwargs(topology.credentials),
+    )
 
 
-def async_redis_client(url: str) -> Redis:
+def async_redis_client(url: str) -> RedisClient:
     """An asyncio client for `url` with redis-py's defaults, for the producer SDK."""
     topology = parse_redis_url(url)
     if isinstance(topology, Standalone):
@@ -102,7 +122,10 @@ def async_redis_client(url: str) -> Redis:
         sentinel = Sentinel(topology.sentinels, **_sentinel_group_kwargs(topology))  # type: ignore[no-untyped-call]
         client: Redis = sentinel.master_for(topology.master_name, redis_class=Redis)
         return client
-    raise ValueError("Redis Cluster is not supported by this client yet")
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
+        **_credential_kwargs(topology.credentials),
+    )
 
 
 def _sentinel_group_kwargs(topology: SentinelGroup, **common: Any) -> dict[str, Any]:
@@ -139,7 +162,7 @@ def _sentinel_kwargs(topology: SentinelGroup, *, socket_timeout_s: float) -> dic
 @asynccontextmanager
 async def open_redis(
     url: str, *, socket_timeout_s: float, client_name: str, ping: bool = True
-) -> AsyncIterator[Redis]:
+) -> AsyncIterator[RedisClient]:
     """A client that answered PING (fail fast at startup) and is closed on exit."""
     client, helpers = redis_client(url, socket_timeout_s=socket_timeout_s, client_name=client_name)
     try:

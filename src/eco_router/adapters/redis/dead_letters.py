@@ -6,13 +6,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
 from eco_router.adapters.dead_letter_format import (
     StoredDeadLetter,
     dead_letter_fields,
     read_dead_letter,
 )
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
@@ -36,7 +35,9 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
     per entry: a marker (`DeadLetterKeys`) kept for `marker_ttl_s` is set in the same script
     call, and a letter whose entry has one is not appended again."""
 
-    def __init__(self, redis: Redis, *, maxlen: int = 100_000, marker_ttl_s: int = 7200) -> None:
+    def __init__(
+        self, redis: RedisClient, *, maxlen: int = 100_000, marker_ttl_s: int = 7200
+    ) -> None:
         self._redis = redis
         self._maxlen = maxlen
         self._marker_ttl_ms = marker_ttl_s * 1000
@@ -63,7 +64,7 @@ class RedisStreamDeadLetterSink(DeadLetterSink):
 class RedisDeadLetterArchive(DeadLetterArchive):
     """Reads dead letters back and replays them onto their original stream after a fix."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
 
     async def oldest(self, family: StreamFamily, *, count: int = 100) -> list[StoredDeadLetter]:

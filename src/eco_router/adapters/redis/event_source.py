@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.adapters.redis.slots import by_slot
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
@@ -31,7 +33,7 @@ class RedisStreamEventSource(EventSource):
     """Reads every shard of every family with XREADGROUP as one consumer of one group."""
 
     def __init__(
-        self, redis: Redis, *, families: Sequence[StreamFamily], group: str, consumer: str
+        self, redis: RedisClient, *, families: Sequence[StreamFamily], group: str, consumer: str
     ) -> None:
         self._redis = redis
         self._families = tuple(families)
@@ -71,13 +73,15 @@ class RedisStreamEventSource(EventSource):
     async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         if not after:
             return ReadBatch([])
-        reads, pending = await self._read_and_look_behind(after, count, together=True)
+        # Tagged shards live in different slots, which one XREADGROUP cannot span.
+        together = len(by_slot(after)) == 1
+        reads, pending = await self._read_and_look_behind(after, count, together=together)
         regrouped: dict[str, str] = {}
         if isinstance(reads[0], ResponseError) and _is_nogroup(reads[0]):
             positions = await self._positions(after)
             _, created = await self._create_groups(positions)
             regrouped = {stream: positions[stream] for stream in created}
-            reads, pending = await self._read_and_look_behind(after, count, together=True)
+            reads, pending = await self._read_and_look_behind(after, count, together=together)
         if isinstance(reads[0], Exception) and not isinstance(
             error := port_error(reads[0], "XREADGROUP"), PermanentError
         ):
@@ -160,12 +164,19 @@ class RedisStreamEventSource(EventSource):
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
         if not marks:
             return
+        slots = by_slot(marks)
         try:
             with redis_errors("XREAD"):
-                await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
+                if len(slots) == 1:
+                    await self._wait(marks, block_ms)
+                else:
+                    await _first_of([self._wait(part, block_ms) for part in slots])
         except PermanentError:
             # A shard refused for good: the read that follows tells which one.
             return
+
+    async def _wait(self, marks: Mapping[str, str], block_ms: int) -> None:
+        await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
@@ -244,6 +255,19 @@ class RedisStreamEventSource(EventSource):
             for entry_id, fields in entries
             if entry_id is not None
         ]
+
+
+async def _first_of(waits: list[Coroutine[Any, Any, None]]) -> None:
+    """Until the first of `waits` returns (or fails); the others are cancelled."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()
 
 
 def _text(value: bytes | str) -> str:

@@ -4,28 +4,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eco_router.domain.streams import StreamFamily, hash_tag, slot_named
+
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys one job owns: snapshot, history and applied-markers."""
+    """The keys one job owns: snapshot, history and applied-markers; on a tagged shard they
+    carry its hash tag (`scan:state:{5461}:job-42`), so they share its slot."""
 
     state: str
     history: str
     markers: str
 
     @classmethod
-    def of(cls, domain: str, job_id: str) -> JobKeys:
+    def of(cls, domain: str, job_id: str, stream: str = "") -> JobKeys:
+        """The keys of `job_id`, routed on `stream`."""
+        tag = hash_tag(stream)
+        at = f"{{{tag}}}:" if tag else ""
         return cls(
-            state=f"{domain}:state:{job_id}",
-            history=f"{domain}:history:{job_id}",
-            markers=f"{domain}:applied:{job_id}",
+            state=f"{domain}:state:{at}{job_id}",
+            history=f"{domain}:history:{at}{job_id}",
+            markers=f"{domain}:applied:{at}{job_id}",
         )
+
+    @classmethod
+    def in_family(cls, family: StreamFamily, job_id: str) -> JobKeys:
+        return cls.of(family.domain, job_id, family.stream_for(job_id))
 
 
 @dataclass(frozen=True, slots=True)
 class GroupKeys:
     """The keys of a consumer group's coordination: live routers, and per shard its lease
-    and fencing epoch (hash-tagged with the stream's name, so both share its cluster slot)."""
+    and fencing epoch (hash-tagged like the stream, so both share its cluster slot)."""
 
     group: str
 
@@ -34,10 +44,10 @@ class GroupKeys:
         return f"eco-router:{self.group}:routers"
 
     def lease(self, stream: str) -> str:
-        return f"eco-router:{self.group}:lease:{{{stream}}}"
+        return f"eco-router:{self.group}:lease:{slot_named(stream)}"
 
     def epoch(self, stream: str) -> str:
-        return f"eco-router:{self.group}:epoch:{{{stream}}}"
+        return f"eco-router:{self.group}:epoch:{slot_named(stream)}"
 
 
 @dataclass(frozen=True, slots=True)

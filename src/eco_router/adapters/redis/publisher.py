@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-import redis.asyncio
+import redis.cluster
 
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.ports import ProgressPublisher
 
@@ -25,7 +26,7 @@ def script_arguments(
 class AsyncStreamPublisher(ProgressPublisher):
     """Publishes progress events from asyncio code; returns the stream entry id."""
 
-    def __init__(self, client: redis.asyncio.Redis, config: ProducerConfig) -> None:
+    def __init__(self, client: RedisClient, config: ProducerConfig) -> None:
         self.config = config
         self._script = client.register_script(load_lua("publish_once.lua"))
 
@@ -47,7 +48,9 @@ class AsyncStreamPublisher(ProgressPublisher):
 class StreamPublisher:
     """Publishes progress events from synchronous code (a Celery task, a thread)."""
 
-    def __init__(self, client: redis.Redis, config: ProducerConfig) -> None:
+    def __init__(
+        self, client: redis.Redis | redis.cluster.RedisCluster, config: ProducerConfig
+    ) -> None:
         self.config = config
         self._script = client.register_script(load_lua("publish_once.lua"))
 

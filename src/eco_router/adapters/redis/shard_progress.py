@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
-
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.application.messages import ShardCounters
 from eco_router.application.ports import ShardProgress
@@ -17,7 +16,7 @@ class RedisShardProgress(ShardProgress):
     """One pipelined XINFO GROUPS per call: `entries-read` is what the group has read, and
     `entries-read + lag` what was ever appended (Redis ≥ 7.0; older servers tell neither)."""
 
-    def __init__(self, redis: Redis, *, families: Sequence[StreamFamily], group: str) -> None:
+    def __init__(self, redis: RedisClient, *, families: Sequence[StreamFamily], group: str) -> None:
         self._redis = redis
         self._shards = tuple(s for f in families for s in f.streams)
         self._group = group

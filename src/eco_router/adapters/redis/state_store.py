@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from redis.asyncio import Redis
-
+from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.adapters.redis.slots import by_slot, gather_all
 from eco_router.application.messages import Applied, EncodedEvent, JobView
 from eco_router.application.ports import StateStore
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE
+from eco_router.domain.streams import StreamFamily
+from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 
 _JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE, ord("3"): STALE}
 
@@ -23,25 +24,44 @@ class RedisLuaStateStore(StateStore):
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         group: str,
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
+        families: Sequence[StreamFamily] = (),
     ) -> None:
         self._redis = redis
         self._script = redis.register_script(load_lua("apply_batch.lua"))
         self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
         self._group_keys = GroupKeys(group)
+        self._families = {f.domain: f for f in families}
 
     async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+        """One script call for the batch; on tagged shards one per slot, issued together."""
+        unfenced = {e.event.stream for e in events} - set(fence)
+        slots = by_slot(fence)
+        if len(slots) <= 1:
+            judged, fenced = await self._apply(events, fence)
+            return Applied(judged, fenced | unfenced)
+        parts = await gather_all(self._apply(events, part) for part in slots)
+        # Each call judged its slot's events and left the others None.
+        merged = [
+            next((j for j in each if j is not None), None)
+            for each in zip(*(j for j, _ in parts), strict=True)
+        ]
+        return Applied(merged, frozenset().union(*(f for _, f in parts)) | unfenced)
+
+    async def _apply(
+        self, events: Sequence[EncodedEvent], fence: Mapping[str, int]
+    ) -> tuple[list[Judgement | None], frozenset[str]]:
+        """One `apply_batch.lua` call for the events of `fence`'s shards (one slot)."""
         shards = list(fence)
         shard_index = {stream: n for n, stream in enumerate(shards, 1)}
-        unfenced = {e.event.stream for e in events} - set(fence)
         if not shards:
-            return Applied([None] * len(events), frozenset(unfenced))
+            return [None] * len(events), frozenset()
         keys = [self._group_keys.epoch(stream) for stream in shards]
         job_shards: list[int] = []
         job_index: dict[tuple[str, str], int] = {}
@@ -53,7 +73,7 @@ class RedisLuaStateStore(StateStore):
             index = job_index.get(event.job_key)
             if index is None:
                 index = job_index[event.job_key] = len(job_index) + 1
-                job = JobKeys.of(event.domain, event.job_id)
+                job = JobKeys.of(event.domain, event.job_id, event.stream)
                 keys += (job.state, job.history, job.markers)
                 job_shards.append(shard_index[event.stream])
             event_args += (index, event.seq, event.stream_id, item.payload)
@@ -61,13 +81,14 @@ class RedisLuaStateStore(StateStore):
         with redis_errors("apply batch"):
             codes, fenced = await self._script(keys=keys, args=args)
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
-        return Applied(
+        return (
             [next(judged) if e.event.stream in shard_index else None for e in events],
-            frozenset(shards[n - 1] for n in fenced) | unfenced,
+            frozenset(shards[n - 1] for n in fenced),
         )
 
     async def view(self, domain: str, job_id: str) -> JobView:
-        job = JobKeys.of(domain, job_id)
+        family = self._families.get(domain)
+        job = JobKeys.in_family(family, job_id) if family else JobKeys.of(domain, job_id)
         with redis_errors("read job view"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.get(job.state)

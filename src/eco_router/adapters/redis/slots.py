@@ -1,0 +1,31 @@
+"""Work split by Redis Cluster slot: one call per slot, issued together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import TypeVar
+
+from eco_router.domain.streams import hash_tag
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+def by_slot(values: Mapping[str, V]) -> list[dict[str, V]]:
+    """`values` (keyed by stream) in groups whose streams share a hash tag: one group for
+    plain shard names (one server holds them all), one per tag for tagged shards."""
+    groups: dict[str | None, dict[str, V]] = {}
+    for stream, value in values.items():
+        groups.setdefault(hash_tag(stream), {})[stream] = value
+    return list(groups.values())
+
+
+async def gather_all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Every call's result, in order; when any failed, the first failure, raised once all have
+    finished (none is left running, none fails unobserved)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
