@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from eco_router.testing import resp
+
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 10.0
 _STOP_TIMEOUT = 10.0
@@ -22,14 +24,23 @@ _FALLBACK_DIRS = ("/usr/bin", "/usr/sbin")
 
 def redis_server_binary() -> str:
     """Return the path of the ``redis-server`` executable or raise RuntimeError."""
-    found = shutil.which("redis-server")
+    return _binary("redis-server", package="redis-server")
+
+
+def redis_cli_binary() -> str:
+    """Return the path of the ``redis-cli`` executable or raise RuntimeError."""
+    return _binary("redis-cli", package="redis-tools")
+
+
+def _binary(name: str, *, package: str) -> str:
+    found = shutil.which(name)
     if found is not None:
         return found
     for directory in _FALLBACK_DIRS:
-        found = shutil.which("redis-server", path=directory)
+        found = shutil.which(name, path=directory)
         if found is not None:
             return found
-    raise RuntimeError("redis-server not found: install Debian's redis-server package")
+    raise RuntimeError(f"{name} not found: install Debian's {package} package")
 
 
 def _free_port() -> int:
@@ -38,35 +49,6 @@ def _free_port() -> int:
         sock.bind((_HOST, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _command(*args: str) -> bytes:
-    """Encode one command in RESP."""
-    parts = [f"*{len(args)}\r\n".encode()]
-    for arg in args:
-        data = arg.encode()
-        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-def _read_reply(sock: socket.socket) -> bytes:
-    """Read one simple-string, error or bulk-string reply and return its payload."""
-    buf = b""
-    while b"\r\n" not in buf:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError("connection closed mid-reply")
-        buf += chunk
-    header, _, rest = buf.partition(b"\r\n")
-    if not header.startswith(b"$"):
-        return header
-    length = int(header[1:])
-    while len(rest) < length + 2:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed mid-reply")
-        rest += chunk
-    return rest[:length]
 
 
 class RedisServer:
@@ -78,10 +60,17 @@ class RedisServer:
         port: int | None = None,
         appendonly: bool = False,
         extra_args: Sequence[str] = (),
+        config: str = "",
+        sentinel: bool = False,
     ) -> None:
+        """``config`` is written to a config file on first start and kept across restarts,
+        since the server may rewrite it (Sentinel does; CONFIG REWRITE does). ``sentinel``
+        runs the process as a Redis Sentinel; its directives go in ``config``."""
         self._port = port if port is not None else _free_port()
         self._appendonly = appendonly
         self._extra_args = tuple(extra_args)
+        self._config = config
+        self._sentinel = sentinel
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -118,6 +107,7 @@ class RedisServer:
             self._dir = Path(tempfile.mkdtemp(prefix=f"redis-{self._port}-"))
         args = [
             redis_server_binary(),
+            *self._config_file_args(self._dir),
             "--port", str(self._port),
             "--bind", _HOST,
             "--dir", str(self._dir),
@@ -183,37 +173,43 @@ class RedisServer:
     def __repr__(self) -> str:
         return f"RedisServer(port={self._port}, pid={self.pid}, running={self.running})"
 
+    def _config_file_args(self, data_dir: Path) -> list[str]:
+        """The config file and mode arguments that must precede every other option."""
+        if not self._config and not self._sentinel:
+            return []
+        path = data_dir / "redis.conf"
+        if not path.exists():
+            path.write_text(self._config)
+        return [str(path), "--sentinel"] if self._sentinel else [str(path)]
+
     def _wait_until_ready(self) -> None:
         """Poll until this process answers PING, or stop it and raise RuntimeError."""
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
             if not self.running:
                 self._process = None
-                raise RuntimeError(f"redis-server exited during startup\n{self._log_tail()}")
+                raise RuntimeError(f"redis-server exited during startup\n{self.log_tail()}")
             if self._answers_ping():
                 return
             time.sleep(_PROBE_INTERVAL)
         self.stop()
         raise RuntimeError(
-            f"redis-server did not answer PING within {_START_TIMEOUT:.0f}s\n{self._log_tail()}"
+            f"redis-server did not answer PING within {_START_TIMEOUT:.0f}s\n{self.log_tail()}"
         )
 
     def _answers_ping(self) -> bool:
         """Whether the port answers PING and belongs to our process, not a stranger."""
         try:
-            with socket.create_connection((_HOST, self._port), timeout=0.5) as sock:
-                sock.sendall(_command("PING"))
-                # -LOADING while an AOF replays: not ready yet.
-                if not _read_reply(sock).startswith(b"+PONG"):
-                    return False
-                sock.sendall(_command("INFO", "server"))
-                info = _read_reply(sock)
-        except OSError:
+            # -LOADING while an AOF replays: not ready yet.
+            if resp.call(self._port, "PING", timeout=0.5) != b"PONG":
+                return False
+            info = resp.fields(resp.call(self._port, "INFO", "server", timeout=0.5))
+        except (OSError, resp.ReplyError):
             return False
         # Another process may have grabbed the port between _free_port() and our bind.
-        return f"process_id:{self.pid}\r\n".encode() in info
+        return info.get("process_id") == str(self.pid)
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
         """The last lines of the console output and the server log, for error messages."""
         if self._dir is None:
             return ""
