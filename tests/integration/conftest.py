@@ -10,6 +10,16 @@ import pytest
 from eco_router.testing import RedisServer
 from tests.integration.support import PubSubCollector, WorkerProcess, Workers
 
+# Redis Sentinel groups and Redis Clusters, shared by a module's tests.
+from tests.integration.topology_fixtures import (
+    redis_cluster,
+    sentinel_group,
+    shared_cluster,
+    shared_sentinel,
+)
+
+__all__ = ["redis_cluster", "sentinel_group", "shared_cluster", "shared_sentinel"]
+
 
 @pytest.fixture
 def workers(

@@ -105,7 +105,6 @@ class Container(containers.DeclarativeContainer):
     broadcaster = providers.Singleton(
         make_broadcaster,
         pubsub_redis,
-        url=settings.provided.pubsub_url,
         channel_prefix=settings.provided.channel_prefix,
     )
     dead_letters = providers.Singleton(

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from pydantic import SecretStr
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
@@ -17,15 +17,17 @@ from eco_router.adapters.redis.broadcaster import (
 )
 from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.sharded_event_feed import RedisShardedPubSubEventFeed
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     AdminAuthorizer,
     Authorizer,
     Broadcaster,
     EventDecoder,
+    EventFeed,
     GatewayMetrics,
 )
-from eco_router.entrypoints.settings import Settings, is_cluster_url
+from eco_router.entrypoints.settings import Settings
 
 
 def demo_producer_config(settings: Settings) -> ProducerConfig:
@@ -51,33 +53,44 @@ def make_admin_authorizer(secret: SecretStr | None) -> AdminAuthorizer:
     return JwtAdminAuthorizer(secret.get_secret_value())
 
 
-def make_broadcaster(redis: RedisClient, *, url: str, channel_prefix: str) -> Broadcaster:
+def make_broadcaster(redis: RedisClient, *, channel_prefix: str) -> Broadcaster:
     """SPUBLISH on a Redis Cluster (a message goes to its channel's node only), else PUBLISH."""
-    if is_cluster_url(url):
+    if isinstance(redis, RedisCluster):
         return RedisShardedPubSubBroadcaster(redis, channel_prefix=channel_prefix)
-    assert isinstance(redis, Redis)
     return RedisPubSubBroadcaster(redis, channel_prefix=channel_prefix)
 
 
 @asynccontextmanager
 async def open_event_feed(
-    redis: Redis,
+    redis: RedisClient,
     *,
     channel_prefix: str,
     decoder: EventDecoder,
     metrics: GatewayMetrics,
     queue_size: int,
     health: FeedHealth,
-) -> AsyncIterator[RedisPubSubEventFeed]:
-    """The process's one Pub/Sub feed, its reader running while the app runs."""
-    feed = RedisPubSubEventFeed(
-        redis,
-        channel_prefix=channel_prefix,
-        decoder=decoder,
-        metrics=metrics,
-        queue_size=queue_size,
-        health=health,
-    )
+) -> AsyncIterator[EventFeed]:
+    """The process's one Pub/Sub feed (sharded on a Redis Cluster), its readers running
+    while the app runs."""
+    feed: RedisPubSubEventFeed | RedisShardedPubSubEventFeed
+    if isinstance(redis, RedisCluster):
+        feed = RedisShardedPubSubEventFeed(
+            redis,
+            channel_prefix=channel_prefix,
+            decoder=decoder,
+            metrics=metrics,
+            queue_size=queue_size,
+            health=health,
+        )
+    else:
+        feed = RedisPubSubEventFeed(
+            redis,
+            channel_prefix=channel_prefix,
+            decoder=decoder,
+            metrics=metrics,
+            queue_size=queue_size,
+            health=health,
+        )
     await feed.start()
     try:
         yield feed

@@ -12,6 +12,7 @@ from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     TryAgainError,
@@ -29,6 +30,8 @@ TRANSIENT_REDIS_ERRORS: tuple[type[Exception], ...] = (
     TryAgainError,
     OutOfMemoryError,
     ClusterDownError,  # MASTERDOWN too
+    # A cluster client that reaches no node, or finds a slot no node serves (mid-failover).
+    RedisClusterException,
     NoScriptError,  # a script flushed from the server is loaded again on the next call
     ConnectionError,
     TimeoutError,
@@ -51,6 +54,9 @@ TRANSIENT_CODES = frozenset(
         "NOSCRIPT",
         "NOREPLICAS",
         "UNBLOCKED",
+        # A slot moved (resharding, failover): the client follows once it knows the new map.
+        "MOVED",
+        "ASK",
     }
 )
 
