@@ -12,6 +12,8 @@ idempotency window returns the first entry's id instead of adding another.
 
 from __future__ import annotations
 
+import dataclasses
+
 from eco_router.adapters.progress_entries import (
     DEFAULT_IDEMPOTENCY_TTL_S,
     DEFAULT_MAXLEN,
@@ -19,6 +21,7 @@ from eco_router.adapters.progress_entries import (
 )
 from eco_router.adapters.redis.connection import async_redis_client, sync_redis_client
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
+from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -45,6 +48,7 @@ def producer_config(
     *,
     domain: str = "scan",
     shards: int = 4,
+    tagged: bool = False,
     stages: tuple[str, ...] = DEFAULT_STAGES,
     idempotency_ttl_s: int = DEFAULT_IDEMPOTENCY_TTL_S,
     maxlen: int = DEFAULT_MAXLEN,
@@ -52,11 +56,12 @@ def producer_config(
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> ProducerConfig:
     """Settings for the `{domain}:events:{shard}` streams the router reads; the size limits
-    must match the routers' `EVENT_ROUTER_MAX_EVENT_BYTES` and `..._MAX_RESULT_BYTES`."""
+    must match the routers' `EVENT_ROUTER_MAX_EVENT_BYTES` and `..._MAX_RESULT_BYTES`;
+    `tagged` matches `EVENT_ROUTER_KEY_LAYOUT=tagged` (a cluster URL implies it)."""
     if shards < 1:
         raise ValueError("shards must be at least 1")
     return ProducerConfig(
-        family=StreamFamily(f"{domain}:events", shards),
+        family=StreamFamily(f"{domain}:events", shards, tagged),
         plan=StagePlan(tuple(stages)),
         idempotency_ttl_s=idempotency_ttl_s,
         maxlen=maxlen,
@@ -67,13 +72,24 @@ def producer_config(
 def connect(
     url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
 ) -> StreamPublisher:
-    """A synchronous publisher on `url` (default config: domain `scan`, 4 shards); `url` may
-    name one server (`redis://`) or a Sentinel group (`redis+sentinel://`)."""
-    return StreamPublisher(sync_redis_client(url), config or producer_config())
+    """A synchronous publisher on `url` (default config: domain `scan`, 4 shards).
+
+    `url` names one server (`redis://`), a Sentinel group (`redis+sentinel://`) or a Redis
+    Cluster (`redis+cluster://`), as the routers' `REDIS_STREAMS_URL` does; on a cluster the
+    shards are hash-tagged, as the routers read them there.
+    """
+    return StreamPublisher(sync_redis_client(url), laid_out(config or producer_config(), url))
 
 
 def connect_async(
     url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
 ) -> AsyncStreamPublisher:
-    """An asyncio publisher on `url` (default config: domain `scan`, 4 shards)."""
-    return AsyncStreamPublisher(async_redis_client(url), config or producer_config())
+    """An asyncio publisher on `url`, as `connect` gives a synchronous one."""
+    return AsyncStreamPublisher(async_redis_client(url), laid_out(config or producer_config(), url))
+
+
+def laid_out(config: ProducerConfig, url: str) -> ProducerConfig:
+    """`config` with tagged shards on a Redis Cluster (`EVENT_ROUTER_KEY_LAYOUT=auto`)."""
+    if config.family.tagged or not isinstance(parse_redis_url(url), ClusterSeeds):
+        return config
+    return dataclasses.replace(config, family=dataclasses.replace(config.family, tagged=True))

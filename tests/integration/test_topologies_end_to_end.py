@@ -1,0 +1,113 @@
+"""End to end on Redis Sentinel and on Redis Cluster: the producer SDK, a worker process and
+a gateway process (`serve --no-router`) on the same URLs a deployment would set, and an SSE
+client, with duplicates, late events and a malformed entry in the streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.domain.streams import StreamFamily
+from eco_router.producer import AsyncStreamPublisher, connect_async, producer_config
+from eco_router.testing import ClusterGroup, SentinelGroup
+from tests.integration.sse_client import open_sse, sse_client
+from tests.integration.support import Workers, eventually
+from tests.integration.test_gateway import (
+    STEPS,
+    Gateway,
+    Gateways,
+    events_path,
+    ids_and_names,
+    new_job,
+    publish,
+)
+
+PRODUCER = producer_config(domain="scan", shards=4)
+
+
+@pytest.fixture(params=["sentinel", "cluster"])
+def topology_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a healthy, empty Sentinel group or Redis Cluster, for both roles."""
+    group: SentinelGroup | ClusterGroup = request.getfixturevalue(
+        "sentinel_group" if request.param == "sentinel" else "redis_cluster"
+    )
+    return group.url
+
+
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[Gateways]:
+    launcher = Gateways(tmp_path)
+    yield launcher
+    launcher.stop_all()
+
+
+@pytest.fixture
+def workers(tmp_path: Path, topology_url: str) -> Iterator[Workers]:
+    launcher = Workers(tmp_path, streams_url=topology_url, pubsub_url=topology_url)
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture
+async def redis(topology_url: str) -> AsyncIterator[RedisClient]:
+    client = async_redis_client(topology_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def publisher(topology_url: str) -> AsyncStreamPublisher:
+    return connect_async(topology_url, PRODUCER)
+
+
+class TestEndToEnd:
+    async def test_each_event_reaches_the_browser_once_in_order_and_bad_entries_are_set_aside(
+        self,
+        topology_url: str,
+        workers: Workers,
+        gateways: Gateways,
+        redis: RedisClient,
+        publisher: AsyncStreamPublisher,
+    ) -> None:
+        await workers.start()
+        gateway: Gateway = await asyncio.to_thread(
+            lambda: gateways.start(
+                streams_url=topology_url, pubsub_url=topology_url, no_router=True
+            )
+        )
+        job = new_job("topology")
+        config = publisher.config
+        family: StreamFamily = config.family
+        async with sse_client(gateway.base_url) as http, open_sse(http, events_path(job)) as stream:
+            [snapshot] = await stream.read(1)
+            await publish(publisher, job, 0, 10, 11)
+            # The same event appended again (a producer that retried past its idempotency
+            # window), a late one (seq 10 after 11) and an entry that is no event at all.
+            again = config.call(job, *STEPS[11])
+            late = config.call(job, *STEPS[10])
+            await redis.xadd(again.stream, dict(again.fields))  # type: ignore[arg-type]
+            await redis.xadd(late.stream, dict(late.fields))  # type: ignore[arg-type]
+            await redis.xadd(family.stream_for(job), {"job_id": job, "seq": "not a number"})
+            await publish(publisher, job, 20, 21, 30, 31, 51)
+            events = await stream.read_to_end()
+
+        assert snapshot.event == "snapshot"
+        assert ids_and_names(events) == [
+            ("0", "queued"),
+            ("10", "vision"),
+            ("11", "vision"),
+            ("20", "rule"),
+            ("21", "rule"),
+            ("30", "answer"),
+            ("31", "answer"),
+            ("51", "done"),
+        ]
+
+        async def dead_lettered() -> bool:
+            return await redis.xlen(family.dead_letter_stream) == 1
+
+        await eventually(dead_lettered, what="the malformed entry dead-lettered")
