@@ -5,6 +5,9 @@ client, with duplicates, late events and a malformed entry in the streams."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,7 +18,8 @@ from eco_router.domain.streams import StreamFamily
 from eco_router.producer import AsyncStreamPublisher, connect_async, producer_config
 from eco_router.testing import ClusterGroup, SentinelGroup
 from tests.integration.sse_client import open_sse, sse_client
-from tests.integration.support import Workers, eventually
+from tests.integration.support import Workers, eventually, worker_env
+from tests.integration.test_cli import eco_router
 from tests.integration.test_gateway import (
     STEPS,
     Gateway,
@@ -111,3 +115,30 @@ class TestEndToEnd:
             return await redis.xlen(family.dead_letter_stream) == 1
 
         await eventually(dead_lettered, what="the malformed entry dead-lettered")
+
+
+class TestPlacementOnTheCluster:
+    async def test_status_and_the_start_log_name_each_shards_master_and_they_balance(
+        self, redis_cluster: ClusterGroup, tmp_path: Path
+    ) -> None:
+        url = redis_cluster.url
+        workers = Workers(tmp_path, streams_url=url, pubsub_url=url)
+        try:
+            worker = await workers.start(EVENT_ROUTER_STREAMS="scan:events=4")
+            env = worker_env(url, url, EVENT_ROUTER_STREAMS="scan:events=4")
+            shown = await eco_router(env, "status", "--json")
+        finally:
+            workers.kill_all()
+
+        assert shown.returncode == 0, shown.stderr
+        shards = json.loads(shown.stdout)["shards"]
+        masters = {f"127.0.0.1:{m.master.port}" for m in redis_cluster.masters()}
+        per_master = Counter(s["node"] for s in shards)
+        assert set(per_master) <= masters
+        assert all(abs(per_master[m] - len(shards) / 3) <= 1 for m in masters), per_master
+        for shard in shards:
+            slot = redis_cluster.slot_for_key(shard["stream"])
+            assert redis_cluster.master_for_slot(slot).port == int(shard["node"].split(":")[1])
+        assert re.search(
+            r"shards on the cluster: scan:events:\{\d+\}:0 on 127\.0\.0\.1:\d+", worker.log()
+        )

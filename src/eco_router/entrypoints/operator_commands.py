@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -20,6 +20,7 @@ from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDead
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+from eco_router.adapters.redis.slots import nodes_of
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
 from eco_router.application.messages import GroupView, ShardStats
@@ -252,7 +253,8 @@ async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
         )
         view = await leases.view()
         stats = await source.shard_stats()
-    report = _status_report(settings.consumer_group, view, stats)
+        nodes = nodes_of(client, (s.stream for s in stats))
+    report = _status_report(settings.consumer_group, view, stats, nodes)
     if as_json:
         say(json.dumps(report, ensure_ascii=False), out)
     else:
@@ -261,8 +263,11 @@ async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
     return 0
 
 
-def _status_report(group: str, view: GroupView, stats: Sequence[ShardStats]) -> dict[str, Any]:
-    """The status as plain values (what --json prints); times in ms on the server's clock."""
+def _status_report(
+    group: str, view: GroupView, stats: Sequence[ShardStats], nodes: Mapping[str, str]
+) -> dict[str, Any]:
+    """The status as plain values (what --json prints); times in ms on the server's clock.
+    On a Redis Cluster each shard also names the master that holds it."""
     now = view.now_ms
     shards = []
     for stat in stats:
@@ -279,6 +284,7 @@ def _status_report(group: str, view: GroupView, stats: Sequence[ShardStats]) -> 
                 "lease_expires_in_ms": max(lease.expires_ms - now, 0) if lease else None,
                 "lag": stat.lag,
                 "pending": stat.pending,
+                **({"node": nodes[stat.stream]} if stat.stream in nodes else {}),
             }
         )
     routers = [
@@ -320,8 +326,10 @@ def _status_lines(report: dict[str, Any]) -> list[str]:
         if s["since_ms"] is not None:
             started = datetime.fromtimestamp(s["since_ms"] / 1000, tz=UTC)
             since = f"{started:%Y-%m-%d %H:%M:%S}Z ({_duration(s['held_for_ms'])} ago)"
-        rows.append([s["stream"], s["holder"] or "-", since, s["token"], s["lag"], s["pending"]])
-    lines += _table(["SHARD", "HOLDER", "SINCE", "TOKEN", "LAG", "PENDING"], rows)
+        row = [s["stream"], s["holder"] or "-", since, s["token"], s["lag"], s["pending"]]
+        rows.append(row + ([s["node"]] if "node" in s else []))
+    header = ["SHARD", "HOLDER", "SINCE", "TOKEN", "LAG", "PENDING"]
+    lines += _table(header + (["NODE"] if any("node" in s for s in shards) else []), rows)
     return lines
 
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from types import TracebackType
 
+from eco_router.adapters.redis.slots import nodes_of
 from eco_router.application.router_service import RouterService, TaskKeptFailing
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.resolve import resolve
@@ -47,6 +48,7 @@ class RouterRunner:
             return self
         try:
             self.router = await resolve(self._container.router())
+            _log_placement(await resolve(self._container.streams_redis()), self._container)
             self._task = asyncio.create_task(self.router.run(self.stop), name="router")
         except BaseException:
             await resolve(self._container.shutdown_resources())
@@ -81,3 +83,11 @@ class RouterRunner:
                 await task
             except Exception:
                 log.exception("router ended with an error")
+
+
+def _log_placement(client: object, container: Container) -> None:
+    """On a Redis Cluster, which master holds each shard (they should spread evenly)."""
+    streams = [s for f in container.settings().streams for s in f.streams]
+    placed = nodes_of(client, streams)
+    if placed:
+        log.info("shards on the cluster: %s", ", ".join(f"{s} on {n}" for s, n in placed.items()))

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import TypeVar
 
+from redis.asyncio.cluster import RedisCluster
+
 from eco_router.domain.streams import hash_tag
 
 T = TypeVar("T")
@@ -29,3 +31,15 @@ async def gather_all(calls: Iterable[Awaitable[T]]) -> list[T]:
         if isinstance(result, BaseException):
             raise result
     return results  # type: ignore[return-value]
+
+
+def nodes_of(client: object, streams: Iterable[str]) -> dict[str, str]:
+    """On a Redis Cluster, the `host:port` of the master holding each stream; else empty."""
+    if not isinstance(client, RedisCluster):
+        return {}
+    placed = {}
+    for stream in streams:
+        node = client.get_node_from_key(stream)
+        if node is not None:
+            placed[stream] = node.name
+    return placed
