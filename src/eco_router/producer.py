@@ -21,6 +21,7 @@ from eco_router.adapters.progress_entries import (
 )
 from eco_router.adapters.redis.connection import async_redis_client, sync_redis_client
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
+from eco_router.adapters.redis.replica_wait import ReplicasBehind
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -34,6 +35,7 @@ __all__ = [
     "AsyncStreamPublisher",
     "InvalidProgressEvent",
     "ProducerConfig",
+    "ReplicasBehind",
     "StagePlan",
     "Status",
     "StreamPublisher",
@@ -54,18 +56,28 @@ def producer_config(
     maxlen: int = DEFAULT_MAXLEN,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 500,
 ) -> ProducerConfig:
     """Settings for the `{domain}:events:{shard}` streams the router reads; the size limits
     must match the routers' `EVENT_ROUTER_MAX_EVENT_BYTES` and `..._MAX_RESULT_BYTES`;
-    `tagged` matches `EVENT_ROUTER_KEY_LAYOUT=tagged` (a cluster URL implies it)."""
+    `tagged` matches `EVENT_ROUTER_KEY_LAYOUT=tagged` (a cluster URL implies it).
+
+    `wait_replicas` > 0: a call returns only once that many replicas have the entry, so a
+    failover right after it cannot lose it; fewer within `wait_timeout_ms` raise
+    `ReplicasBehind` (the entry is written: calling again returns the same id)."""
     if shards < 1:
         raise ValueError("shards must be at least 1")
+    if wait_replicas < 0 or wait_timeout_ms < 0:
+        raise ValueError("wait_replicas and wait_timeout_ms must not be negative")
     return ProducerConfig(
         family=StreamFamily(f"{domain}:events", shards, tagged),
         plan=StagePlan(tuple(stages)),
         idempotency_ttl_s=idempotency_ttl_s,
         maxlen=maxlen,
         size_limits=EventSizeLimits(max_event_bytes, max_result_bytes),
+        wait_replicas=wait_replicas,
+        wait_timeout_ms=wait_timeout_ms,
     )
 
 

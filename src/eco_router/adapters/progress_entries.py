@@ -45,6 +45,9 @@ class ProducerConfig:
     maxlen: int = DEFAULT_MAXLEN
     size_limits: EventSizeLimits = field(default_factory=EventSizeLimits)
     max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES
+    # Replicas that must have each entry before `publish_stage_event` returns (0: none).
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 500
 
     def call(
         self,

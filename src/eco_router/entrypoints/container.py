@@ -26,6 +26,7 @@ from eco_router.adapters.redis.dead_letters import (
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.shard_progress import RedisShardProgress
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
@@ -101,6 +102,9 @@ class Container(containers.DeclarativeContainer):
         history_size=settings.provided.history_size,
         history_max_bytes=settings.provided.history_max_bytes,
         families=settings.provided.streams,
+        replica_wait=providers.Factory(
+            ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
+        ),
     )
     broadcaster = providers.Singleton(
         make_broadcaster,

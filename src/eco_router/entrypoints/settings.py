@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     read_block_ms: int = Field(5000, ge=1, le=60_000)
     # Kept so existing configurations still load; order across routers is by shard leases now.
     order_wait_ms: int | None = Field(None, ge=0, le=60_000)
+    # Opt-in durability across a streams failover: a batch is published only once this many
+    # replicas have its state writes (and so the entries, replicated before them).
+    wait_replicas: int = Field(0, ge=0, le=100)
+    wait_timeout_ms: int = Field(500, ge=1, le=60_000)
     lease_ttl_ms: int = Field(4000, ge=100, le=600_000)
     lease_renew_ms: int = Field(1000, ge=10, le=200_000)
     state_ttl_s: int = Field(3600, ge=1)

@@ -9,6 +9,7 @@ import redis.cluster
 
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.ports import ProgressPublisher
 
@@ -28,7 +29,9 @@ class AsyncStreamPublisher(ProgressPublisher):
 
     def __init__(self, client: RedisClient, config: ProducerConfig) -> None:
         self.config = config
+        self._client = client
         self._script = client.register_script(load_lua("publish_once.lua"))
+        self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
 
     async def publish_stage_event(
         self,
@@ -42,7 +45,7 @@ class AsyncStreamPublisher(ProgressPublisher):
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
         keys, args = script_arguments(entry, self.config)
-        return _text(await self._script(keys=keys, args=args))
+        return _text(await self._wait.call(self._client, self._script, keys, args))
 
 
 class StreamPublisher:
@@ -52,7 +55,9 @@ class StreamPublisher:
         self, client: redis.Redis | redis.cluster.RedisCluster, config: ProducerConfig
     ) -> None:
         self.config = config
+        self._client = client
         self._script = client.register_script(load_lua("publish_once.lua"))
+        self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
 
     def publish_stage_event(
         self,
@@ -66,7 +71,7 @@ class StreamPublisher:
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
         keys, args = script_arguments(entry, self.config)
-        return _text(self._script(keys=keys, args=args))
+        return _text(self._wait.call_sync(self._client, self._script, keys, args))
 
 
 def _text(value: bytes | str) -> str:

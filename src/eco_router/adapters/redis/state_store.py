@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
+from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, gather_all
 from eco_router.application.messages import Applied, EncodedEvent, JobView
@@ -20,7 +21,9 @@ _JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE
 
 class RedisLuaStateStore(StateStore):
     """Judges and applies a whole batch with one EVALSHA of `apply_batch.lua`; a job's history
-    keeps at most `history_size` payloads and `history_max_bytes` bytes (the newest always)."""
+    keeps at most `history_size` payloads and `history_max_bytes` bytes (the newest always).
+    With `replica_wait`, a batch counts as applied (and is published) only once that many
+    replicas have it."""
 
     def __init__(
         self,
@@ -32,8 +35,10 @@ class RedisLuaStateStore(StateStore):
         history_size: int,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         families: Sequence[StreamFamily] = (),
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self._redis = redis
+        self._replica_wait = replica_wait or ReplicaWait()
         self._script = redis.register_script(load_lua("apply_batch.lua"))
         self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
         self._group_keys = GroupKeys(group)
@@ -79,7 +84,7 @@ class RedisLuaStateStore(StateStore):
             event_args += (index, event.seq, event.stream_id, item.payload)
         args = [*self._head, len(shards), *fence.values(), *job_shards, *event_args]
         with redis_errors("apply batch"):
-            codes, fenced = await self._script(keys=keys, args=args)
+            codes, fenced = await self._replica_wait.call(self._redis, self._script, keys, args)
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
         return (
             [next(judged) if e.event.stream in shard_index else None for e in events],
