@@ -19,7 +19,7 @@ from eco_router.application.ports import (
     ShardProgress,
 )
 from tests.contracts.console_ports import DeadLetterArchiveContract, Fields, ShardProgressContract
-from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.factories import GROUP
 
 
 class TestInMemoryDeadLetterArchive(DeadLetterArchiveContract):
@@ -43,10 +43,10 @@ class TestInMemoryShardProgress(ShardProgressContract):
         self.streams = InMemoryStreams(ManualClock())
 
     async def make_progress(self) -> ShardProgress:
-        return InMemoryShardProgress(self.streams, families=FAMILIES, group=GROUP)
+        return InMemoryShardProgress(self.streams, families=self.families, group=GROUP)
 
     async def make_source(self) -> EventSource:
-        return InMemoryEventSource(self.streams, families=FAMILIES, group=GROUP, consumer="c")
+        return InMemoryEventSource(self.streams, families=self.families, group=GROUP, consumer="c")
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         return self.streams.xadd(stream, fields)
