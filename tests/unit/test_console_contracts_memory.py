@@ -19,7 +19,7 @@ from eco_router.application.ports import (
     ShardProgress,
 )
 from tests.contracts.console_ports import DeadLetterArchiveContract, Fields, ShardProgressContract
-from tests.contracts.factories import GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 
 
 class TestInMemoryDeadLetterArchive(DeadLetterArchiveContract):
@@ -50,3 +50,14 @@ class TestInMemoryShardProgress(ShardProgressContract):
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         return self.streams.xadd(stream, fields)
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout.
+
+
+class TestInMemoryDeadLetterArchiveTagged(TestInMemoryDeadLetterArchive):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryShardProgressTagged(TestInMemoryShardProgress):
+    families = TAGGED_FAMILIES
