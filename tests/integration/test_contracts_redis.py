@@ -34,7 +34,7 @@ from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -210,3 +210,23 @@ class TestRedisLeaseStore(LeaseStoreContract):
 
     async def cut_server(self) -> None:
         self.server.stop()
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout, on a standalone
+# server (which takes any key): the adapters' tagged layout without a cluster.
+
+
+class TestRedisStreamEventSourceTagged(TestRedisStreamEventSource):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisLuaStateStoreTagged(TestRedisLuaStateStore):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisStreamDeadLetterSinkTagged(TestRedisStreamDeadLetterSink):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisLeaseStoreTagged(TestRedisLeaseStore):
+    families = TAGGED_FAMILIES
