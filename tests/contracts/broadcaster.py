@@ -8,14 +8,14 @@ import pytest
 
 from eco_router.application.errors import PublishFailed, TransientError
 from eco_router.application.ports import Broadcaster
-from tests.contracts.factories import encoded, entry_id
+from tests.contracts.factories import ContractFamilies, entry_id
 
 PREFIX = "progress"
 
 Receive = Callable[[], Awaitable[bytes]]
 
 
-class BroadcasterContract:
+class BroadcasterContract(ContractFamilies):
     """Every `Broadcaster` adapter, publishing on `{PREFIX}:{job_id}`.
 
     Subclasses wire a backend and implement the hooks below.
@@ -38,9 +38,9 @@ class BroadcasterContract:
         broadcaster = await self.make_broadcaster()
         job_a = await self.subscribe(broadcaster, f"{PREFIX}:job-a")
         job_b = await self.subscribe(broadcaster, f"{PREFIX}:job-b")
-        a1, a2, a3 = (encoded(job_id="job-a", seq=n, stream_id=entry_id(n)) for n in (1, 2, 3))
-        b1 = encoded(job_id="job-b", seq=1, stream_id=entry_id(4))
-        b2 = encoded(job_id="job-b", seq=2, stream_id=entry_id(5))
+        a1, a2, a3 = (self.encoded(job_id="job-a", seq=n, stream_id=entry_id(n)) for n in (1, 2, 3))
+        b1 = self.encoded(job_id="job-b", seq=1, stream_id=entry_id(4))
+        b2 = self.encoded(job_id="job-b", seq=2, stream_id=entry_id(5))
 
         await broadcaster.publish([a1, b1, a2, a3])
         await broadcaster.publish([b2])
@@ -51,7 +51,7 @@ class BroadcasterContract:
     async def test_a_large_batch_arrives_complete_and_in_order(self) -> None:
         broadcaster = await self.make_broadcaster()
         receive = await self.subscribe(broadcaster, f"{PREFIX}:job-1")
-        batch = [encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(2500)]
+        batch = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(2500)]
 
         await broadcaster.publish(batch)
 
@@ -60,7 +60,7 @@ class BroadcasterContract:
     async def test_payload_bytes_arrive_unchanged(self) -> None:
         broadcaster = await self.make_broadcaster()
         receive = await self.subscribe(broadcaster, f"{PREFIX}:job-1")
-        event = encoded(job_id="job-1", stage="déjà vu ✓")
+        event = self.encoded(job_id="job-1", stage="déjà vu ✓")
 
         await broadcaster.publish([event])
 
@@ -83,4 +83,4 @@ class BroadcasterContract:
         await self.cut_server(broadcaster)
 
         with pytest.raises(PublishFailed):
-            await broadcaster.publish([encoded(job_id="job-1")])
+            await broadcaster.publish([self.encoded(job_id="job-1")])

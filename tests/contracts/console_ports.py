@@ -14,13 +14,10 @@ from eco_router.application.ports import (
     ShardProgress,
 )
 from eco_router.domain.rejection import RejectReason
-from tests.contracts.dead_letter_sink import RAW_FIELDS, make_letter
-from tests.contracts.factories import CHAT, SCAN, entry_id
-
-Fields = dict[bytes, bytes]
+from tests.contracts.factories import RAW_FIELDS, ContractFamilies, Fields, entry_id
 
 
-class DeadLetterArchiveContract:
+class DeadLetterArchiveContract(ContractFamilies):
     """Every `DeadLetterArchive` adapter, reading what its backend's sink wrote.
 
     Subclasses wire a backend and implement the hooks below.
@@ -40,80 +37,80 @@ class DeadLetterArchiveContract:
         self,
     ) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        await sink.send([make_letter(entry_id=entry_id(1)), make_letter(entry_id=entry_id(2))])
+        await sink.send([self.letter(entry_id=entry_id(1)), self.letter(entry_id=entry_id(2))])
 
-        first, second = await archive.oldest(SCAN)
+        first, second = await archive.oldest(self.scan)
 
         assert (first.stream, first.entry_id, second.entry_id) == (
-            SCAN.streams[1],
+            self.scan_1,
             entry_id(1),
             entry_id(2),
         )
         assert (first.reason, first.deliveries) == (RejectReason.SEQ_NOT_INTEGER.value, 3)
         assert first.fields == RAW_FIELDS
         assert [first.dlq_id, second.dlq_id] == [
-            i for i, _ in await self.entries(SCAN.dead_letter_stream)
+            i for i, _ in await self.entries(self.scan.dead_letter_stream)
         ]
 
     async def test_count_bounds_the_letters_read(self) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        await sink.send([make_letter(entry_id=entry_id(n)) for n in range(3)])
+        await sink.send([self.letter(entry_id=entry_id(n)) for n in range(3)])
 
-        assert [x.entry_id for x in await archive.oldest(SCAN, count=2)] == [
+        assert [x.entry_id for x in await archive.oldest(self.scan, count=2)] == [
             entry_id(0),
             entry_id(1),
         ]
 
     async def test_the_tally_counts_the_letters_and_names_the_newest(self) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        assert (await archive.tally(SCAN)).count == 0
-        assert (await archive.tally(SCAN)).newest_id is None
-        await sink.send([make_letter(entry_id=entry_id(n)) for n in range(2)])
+        assert (await archive.tally(self.scan)).count == 0
+        assert (await archive.tally(self.scan)).newest_id is None
+        await sink.send([self.letter(entry_id=entry_id(n)) for n in range(2)])
 
-        tally = await archive.tally(SCAN)
+        tally = await archive.tally(self.scan)
 
-        newest = (await self.entries(SCAN.dead_letter_stream))[-1][0]
+        newest = (await self.entries(self.scan.dead_letter_stream))[-1][0]
         assert (tally.count, tally.newest_id) == (2, newest)
 
     async def test_a_replayed_letter_is_back_on_its_stream_byte_for_byte_and_leaves(
         self,
     ) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        await sink.send([make_letter()])
-        (letter,) = await archive.oldest(SCAN)
+        await sink.send([self.letter()])
+        (letter,) = await archive.oldest(self.scan)
 
-        (replayed,) = await archive.replay(SCAN, [letter.dlq_id])
+        (replayed,) = await archive.replay(self.scan, [letter.dlq_id])
 
-        assert (replayed.dlq_id, replayed.stream) == (letter.dlq_id, SCAN.streams[1])
-        assert await self.entries(SCAN.streams[1]) == [(replayed.new_id, RAW_FIELDS)]
-        assert await archive.oldest(SCAN) == []
+        assert (replayed.dlq_id, replayed.stream) == (letter.dlq_id, self.scan_1)
+        assert await self.entries(self.scan_1) == [(replayed.new_id, RAW_FIELDS)]
+        assert await archive.oldest(self.scan) == []
 
     async def test_an_unknown_id_raises_lookup_error_naming_it_and_replays_nothing(
         self,
     ) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        await sink.send([make_letter()])
-        (letter,) = await archive.oldest(SCAN)
+        await sink.send([self.letter()])
+        (letter,) = await archive.oldest(self.scan)
 
         with pytest.raises(LookupError, match="1-1"):
-            await archive.replay(SCAN, [letter.dlq_id, "1-1"])
+            await archive.replay(self.scan, [letter.dlq_id, "1-1"])
 
-        assert await self.entries(SCAN.streams[1]) == []
-        assert len(await archive.oldest(SCAN)) == 1
+        assert await self.entries(self.scan_1) == []
+        assert len(await archive.oldest(self.scan)) == 1
 
     async def test_replaying_all_empties_the_family_and_leaves_the_others(self) -> None:
         sink, archive = await self.make_sink(), await self.make_archive()
-        chat = make_letter(family=CHAT, stream=CHAT.streams[0], entry_id=entry_id(9))
-        await sink.send([make_letter(entry_id=entry_id(n)) for n in range(2)] + [chat])
+        chat = self.letter(family=self.chat, stream=self.chat_0, entry_id=entry_id(9))
+        await sink.send([self.letter(entry_id=entry_id(n)) for n in range(2)] + [chat])
 
-        replayed = await archive.replay(SCAN, None)
+        replayed = await archive.replay(self.scan, None)
 
         assert len(replayed) == 2
-        assert await archive.oldest(SCAN) == []
-        assert len(await archive.oldest(CHAT)) == 1
+        assert await archive.oldest(self.scan) == []
+        assert len(await archive.oldest(self.chat)) == 1
 
 
-class ShardProgressContract:
+class ShardProgressContract(ContractFamilies):
     """Every `ShardProgress` adapter, over streams read through a consumer group.
 
     Subclasses wire a backend and implement the hooks below.
@@ -134,13 +131,13 @@ class ShardProgressContract:
 
         counters = await progress.counters()
 
-        assert [c.stream for c in counters] == [*SCAN.streams, *CHAT.streams]
+        assert [c.stream for c in counters] == [*self.scan.streams, *self.chat.streams]
         assert all((c.added, c.read) == (None, None) for c in counters)
 
     async def test_counters_grow_with_appends_and_the_groups_reads(self) -> None:
         source, progress = await self.make_source(), await self.make_progress()
         await source.prepare()
-        stream = SCAN.streams[0]
+        stream = self.scan_0
         for _ in range(3):
             await self.append(stream, {b"job_id": b"job-1", b"seq": b"1"})
         await source.read_new({stream: "0-0"}, count=1)

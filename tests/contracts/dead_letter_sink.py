@@ -2,45 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from eco_router.application.messages import DeadLetter, Delivery
 from eco_router.application.ports import DeadLetterSink
 from eco_router.domain.rejection import RejectReason
-from tests.contracts.factories import CHAT, SCAN, entry_id
-
-Fields = dict[bytes, bytes]
-
-# Not UTF-8 and not JSON: exactly what must survive the trip byte for byte.
-RAW_FIELDS: Fields = {
-    b"job_id": b"job-1",
-    b"seq": b"not-a-number",
-    b"blob": b"\xff\x00\xfe\r\n\x80",
-    b"stage": "caf\u00e9".encode(),
-    b"note": b"  padded\t\n",
-}
+from tests.contracts.factories import RAW_FIELDS, ContractFamilies, Fields, entry_id
 
 
-def make_letter(**overrides: Any) -> DeadLetter:
-    """A dead letter for an entry of `scan:events:1` delivered 3 times; override any field."""
-    delivery_fields: dict[str, Any] = {
-        "family": SCAN,
-        "stream": SCAN.streams[1],
-        "entry_id": entry_id(7),
-        "fields": RAW_FIELDS,
-        "delivery_count": 3,
-    }
-    letter_fields: dict[str, Any] = {
-        "reason": RejectReason.SEQ_NOT_INTEGER,
-        "detail": "seq 'not-a-number' is not an integer",
-    }
-    for name, value in overrides.items():
-        target = delivery_fields if name in delivery_fields else letter_fields
-        target[name] = value
-    return DeadLetter(Delivery(**delivery_fields), **letter_fields)
-
-
-class DeadLetterSinkContract:
+class DeadLetterSinkContract(ContractFamilies):
     """Every `DeadLetterSink` adapter, read back from the backend it writes to.
 
     Subclasses wire a backend and implement the hooks below.
@@ -58,10 +25,10 @@ class DeadLetterSinkContract:
     ) -> None:
         sink = await self.make_sink()
 
-        await sink.send([make_letter()])
+        await sink.send([self.letter()])
 
-        [stored] = await self.dead_letters("scan:events:dlq")
-        assert stored[b"stream"] == b"scan:events:1"
+        [stored] = await self.dead_letters(self.scan.dead_letter_stream)
+        assert stored[b"stream"] == self.scan_1.encode()
         assert stored[b"id"] == entry_id(7).encode()
         assert stored[b"reason"] == b"seq_not_integer"
         assert stored[b"detail"] == b"seq 'not-a-number' is not an integer"
@@ -71,9 +38,9 @@ class DeadLetterSinkContract:
     async def test_the_original_fields_are_kept_byte_for_byte(self) -> None:
         sink = await self.make_sink()
 
-        await sink.send([make_letter()])
+        await sink.send([self.letter()])
 
-        [stored] = await self.dead_letters("scan:events:dlq")
+        [stored] = await self.dead_letters(self.scan.dead_letter_stream)
         originals = {
             name.removeprefix(b"field:"): value
             for name, value in stored.items()
@@ -83,27 +50,27 @@ class DeadLetterSinkContract:
 
     async def test_letters_keep_their_order_and_go_to_their_own_family(self) -> None:
         sink = await self.make_sink()
-        first = make_letter(entry_id=entry_id(1))
-        chat = make_letter(
-            family=CHAT,
-            stream=CHAT.streams[0],
+        first = self.letter(entry_id=entry_id(1))
+        chat = self.letter(
+            family=self.chat,
+            stream=self.chat_0,
             entry_id=entry_id(2),
             reason=RejectReason.MAX_DELIVERIES,
             detail="delivered 11 times (max 10)",
         )
-        second = make_letter(entry_id=entry_id(3), reason=RejectReason.NOT_UTF8, detail="ü")
+        second = self.letter(entry_id=entry_id(3), reason=RejectReason.NOT_UTF8, detail="ü")
 
         await sink.send([first, chat, second])
 
-        scan_letters = await self.dead_letters("scan:events:dlq")
-        chat_letters = await self.dead_letters("chat:events:dlq")
+        scan_letters = await self.dead_letters(self.scan.dead_letter_stream)
+        chat_letters = await self.dead_letters(self.chat.dead_letter_stream)
         assert [(f[b"id"], f[b"reason"]) for f in scan_letters] == [
             (entry_id(1).encode(), b"seq_not_integer"),
             (entry_id(3).encode(), b"not_utf8"),
         ]
         assert scan_letters[1][b"detail"] == "ü".encode()
         assert [(f[b"stream"], f[b"id"], f[b"reason"]) for f in chat_letters] == [
-            (b"chat:events:0", entry_id(2).encode(), b"max_deliveries")
+            (self.chat_0.encode(), entry_id(2).encode(), b"max_deliveries")
         ]
 
     async def test_sending_no_letters_writes_nothing(self) -> None:
@@ -111,7 +78,7 @@ class DeadLetterSinkContract:
 
         await sink.send([])
 
-        assert await self.dead_letters("scan:events:dlq") == []
+        assert await self.dead_letters(self.scan.dead_letter_stream) == []
 
     async def test_an_entry_is_dead_lettered_once_however_often_its_letter_comes(
         self,
@@ -119,12 +86,12 @@ class DeadLetterSinkContract:
         # A router that died before its ack, or paused past its lease, sends it again.
         sink = await self.make_sink()
 
-        await sink.send([make_letter(), make_letter()])
-        await sink.send([make_letter(delivery_count=4, detail="sent again")])
-        await sink.send([make_letter(stream=SCAN.streams[0])])  # the same id on another shard
+        await sink.send([self.letter(), self.letter()])
+        await sink.send([self.letter(delivery_count=4, detail="sent again")])
+        await sink.send([self.letter(stream=self.scan_0)])  # the same id on another shard
 
-        stored = await self.dead_letters("scan:events:dlq")
+        stored = await self.dead_letters(self.scan.dead_letter_stream)
         assert [(f[b"stream"], f[b"id"], f[b"deliveries"]) for f in stored] == [
-            (b"scan:events:1", entry_id(7).encode(), b"3"),
-            (b"scan:events:0", entry_id(7).encode(), b"3"),
+            (self.scan_1.encode(), entry_id(7).encode(), b"3"),
+            (self.scan_0.encode(), entry_id(7).encode(), b"3"),
         ]

@@ -6,13 +6,13 @@ from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.application.messages import EncodedEvent, FeedClosed, FeedGap
 from eco_router.application.ports import Broadcaster, EventFeed, FeedSubscription, GatewayMetrics
 from eco_router.domain.sse import GatewayEvent
-from tests.contracts.factories import encoded, entry_id, wait_until
+from tests.contracts.factories import ContractFamilies, entry_id, wait_until
 
 PREFIX = "progress"
 WAIT_S = 5.0
 
 
-class EventFeedContract:
+class EventFeedContract(ContractFamilies):
     """Every `EventFeed` adapter, fed by a `Broadcaster` on channels `{PREFIX}:{job_id}`.
 
     Subclasses wire a backend and implement the hook below.
@@ -32,7 +32,7 @@ class EventFeedContract:
     async def test_a_viewer_gets_its_jobs_events_in_publish_order(self) -> None:
         feed, broadcaster = await self.feed()
         viewer = await feed.subscribe("scan", "job-1")
-        events = [encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in (1, 2, 3)]
+        events = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in (1, 2, 3)]
 
         await broadcaster.publish(events)
 
@@ -42,9 +42,9 @@ class EventFeedContract:
     async def test_events_of_other_jobs_and_other_domains_are_not_delivered(self) -> None:
         feed, broadcaster = await self.feed()
         viewer = await feed.subscribe("scan", "job-1")
-        other_job = encoded(job_id="job-2", seq=1, stream_id=entry_id(1))
-        other_domain = encoded(job_id="job-1", seq=2, domain="chat", stream_id=entry_id(2))
-        mine = encoded(job_id="job-1", seq=3, stream_id=entry_id(3))
+        other_job = self.encoded(job_id="job-2", seq=1, stream_id=entry_id(1))
+        other_domain = self.encoded(job_id="job-1", seq=2, domain="chat", stream_id=entry_id(2))
+        mine = self.encoded(job_id="job-1", seq=3, stream_id=entry_id(3))
 
         await broadcaster.publish([other_job, other_domain, mine])
 
@@ -55,8 +55,8 @@ class EventFeedContract:
     async def test_a_payload_that_is_not_a_routed_event_is_ignored(self) -> None:
         feed, broadcaster = await self.feed()
         viewer = await feed.subscribe("scan", "job-1")
-        garbage = EncodedEvent(encoded(job_id="job-1").event, b"not json")
-        good = encoded(job_id="job-1", seq=7, stream_id=entry_id(7))
+        garbage = EncodedEvent(self.encoded(job_id="job-1").event, b"not json")
+        good = self.encoded(job_id="job-1", seq=7, stream_id=entry_id(7))
 
         await broadcaster.publish([garbage, good])
 
@@ -69,12 +69,12 @@ class EventFeedContract:
         feed, broadcaster = await self.feed()
         first = await feed.subscribe("scan", "job-1")
         second = await feed.subscribe("scan", "job-1")
-        await broadcaster.publish([encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
+        await broadcaster.publish([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
         assert await seqs(first, 1) == [1]
         assert await seqs(second, 1) == [1]
 
         await first.close()
-        await broadcaster.publish([encoded(job_id="job-1", seq=2, stream_id=entry_id(2))])
+        await broadcaster.publish([self.encoded(job_id="job-1", seq=2, stream_id=entry_id(2))])
 
         assert await seqs(second, 1) == [2]
         await second.close()
@@ -89,7 +89,7 @@ class EventFeedContract:
     async def test_a_viewer_that_falls_behind_gets_a_gap_then_what_was_kept(self) -> None:
         feed, broadcaster = await self.feed(queue_size=2)
         viewer = await feed.subscribe("scan", "job-1")
-        events = [encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
+        events = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
 
         await broadcaster.publish(events)
 
@@ -106,7 +106,7 @@ class EventFeedContract:
     async def test_closing_the_feed_ends_open_and_later_subscriptions(self) -> None:
         feed, broadcaster = await self.feed()
         open_viewer = await feed.subscribe("scan", "job-1")
-        await broadcaster.publish([encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
+        await broadcaster.publish([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
         assert await seqs(open_viewer, 1) == [1]
 
         feed.close_viewers()

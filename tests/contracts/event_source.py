@@ -10,15 +10,9 @@ import pytest
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import Delivery, ShardStats
 from eco_router.application.ports import EventSource
-from tests.contracts.factories import CHAT, GROUP, SCAN
+from tests.contracts.factories import GROUP, ContractFamilies
 
-SCAN_0, SCAN_1 = SCAN.streams
-CHAT_0 = CHAT.streams[0]
 IDLE_MS = 50
-# Every shard's fencing epoch as each test starts: a source claiming with these holds them all.
-TOKENS = {SCAN_0: 1, SCAN_1: 1, CHAT_0: 1}
-# Reading every shard from its beginning.
-FROM_START = dict.fromkeys(TOKENS, "0-0")
 
 
 def fields_of(n: int, job_id: str = "job-1") -> dict[bytes, bytes]:
@@ -34,14 +28,26 @@ def stats_of(stats: list[ShardStats], stream: str) -> ShardStats:
     return next(s for s in stats if s.stream == stream)
 
 
-class EventSourceContract:
-    """Every `EventSource` adapter reads `SCAN` (2 shards) and `CHAT` (1 shard) as group `GROUP`.
+class EventSourceContract(ContractFamilies):
+    """Every `EventSource` adapter reads the class's `families` (`scan` with 2 shards, `chat`
+    with 1) as group `GROUP`.
 
     Subclasses wire a backend and implement the hooks below.
     """
 
+    @property
+    def tokens(self) -> dict[str, int]:
+        """Every shard's fencing epoch as each test starts: a source claiming with these holds
+        them all."""
+        return {self.scan_0: 1, self.scan_1: 1, self.chat_0: 1}
+
+    @property
+    def from_start(self) -> dict[str, str]:
+        """Reading every shard from its beginning."""
+        return dict.fromkeys(self.tokens, "0-0")
+
     async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
-        """A source over `FAMILIES` on the shared backend, not prepared yet."""
+        """A source over `families` on the shared backend, not prepared yet."""
         raise NotImplementedError
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
@@ -78,7 +84,7 @@ class EventSourceContract:
 
     @pytest.fixture(autouse=True)
     async def _tokens(self, _backend: None) -> None:
-        for stream, token in TOKENS.items():
+        for stream, token in self.tokens.items():
             await self.set_epoch(stream, token)
 
     async def prepared_source(self, consumer: str = "consumer-a") -> EventSource:
@@ -90,14 +96,14 @@ class EventSourceContract:
         return [await self.append(stream, fields_of(n)) for n in range(1, count + 1)]
 
     async def read_all(self, source: EventSource, count: int = 100) -> list[Delivery]:
-        return (await source.read_new(FROM_START, count=count)).deliveries
+        return (await source.read_new(self.from_start, count=count)).deliveries
 
     async def claim_all(
         self, source: EventSource, stream: str, *, min_idle_ms: int = 0, count: int = 100
     ) -> list[Delivery]:
         """One claim page of `stream` under its token (a take-over when `min_idle_ms` is 0)."""
         page = await source.claim(
-            stream, token=TOKENS[stream], cursor="0-0", min_idle_ms=min_idle_ms, count=count
+            stream, token=self.tokens[stream], cursor="0-0", min_idle_ms=min_idle_ms, count=count
         )
         return page.deliveries
 
@@ -111,60 +117,66 @@ class EventSourceContract:
 
         after = await source.shard_stats()
         assert [(s.stream, s.lag) for s in before] == [
-            (SCAN_0, None),
-            (SCAN_1, None),
-            (CHAT_0, None),
+            (self.scan_0, None),
+            (self.scan_1, None),
+            (self.chat_0, None),
         ]
         assert [(s.stream, s.lag, s.pending) for s in after] == [
-            (SCAN_0, 0, 0),
-            (SCAN_1, 0, 0),
-            (CHAT_0, 0, 0),
+            (self.scan_0, 0, 0),
+            (self.scan_1, 0, 0),
+            (self.chat_0, 0, 0),
         ]
-        assert [(s.family, s.shard) for s in after] == [(SCAN, 0), (SCAN, 1), (CHAT, 0)]
+        assert [(s.family, s.shard) for s in after] == [
+            (self.scan, 0),
+            (self.scan, 1),
+            (self.chat, 0),
+        ]
 
     async def test_prepare_starts_the_group_at_the_beginning_of_an_existing_stream(self) -> None:
-        written = await self.append_many(SCAN_0, 2)
+        written = await self.append_many(self.scan_0, 2)
         source = await self.prepared_source()
 
         assert ids(await self.read_all(source)) == written
 
     async def test_prepare_again_keeps_the_group_position_and_pending_entries(self) -> None:
         source = await self.prepared_source()
-        [first] = await self.append_many(SCAN_0, 1)
+        [first] = await self.append_many(self.scan_0, 1)
         await self.read_all(source)
 
         await source.prepare()
         await source.prepare()
 
         assert await self.read_all(source) == []
-        assert stats_of(await source.shard_stats(), SCAN_0).pending == 1
-        assert ids(await self.claim_all(source, SCAN_0)) == [first]
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 1
+        assert ids(await self.claim_all(source, self.scan_0)) == [first]
 
     # read_new
 
     async def test_read_new_returns_every_new_entry_in_id_order_with_its_stream(self) -> None:
         source = await self.prepared_source()
-        scan_ids = await self.append_many(SCAN_0, 3)
-        chat_id = await self.append(CHAT_0, fields_of(9, "chat-job"))
+        scan_ids = await self.append_many(self.scan_0, 3)
+        chat_id = await self.append(self.chat_0, fields_of(9, "chat-job"))
 
         deliveries = await self.read_all(source)
 
         assert sorted((d.stream, d.entry_id) for d in deliveries) == sorted(
-            [(SCAN_0, i) for i in scan_ids] + [(CHAT_0, chat_id)]
+            [(self.scan_0, i) for i in scan_ids] + [(self.chat_0, chat_id)]
         )
-        assert ids([d for d in deliveries if d.stream == SCAN_0]) == scan_ids
+        assert ids([d for d in deliveries if d.stream == self.scan_0]) == scan_ids
         # Ids are unique per stream only.
         by_key = {(d.stream, d.entry_id): d for d in deliveries}
-        assert by_key[(CHAT_0, chat_id)].family == CHAT
-        assert by_key[(CHAT_0, chat_id)].fields == fields_of(9, "chat-job")
-        assert [by_key[(SCAN_0, i)].family for i in scan_ids] == [SCAN] * 3
-        assert [by_key[(SCAN_0, i)].fields for i in scan_ids] == [fields_of(n) for n in (1, 2, 3)]
+        assert by_key[(self.chat_0, chat_id)].family == self.chat
+        assert by_key[(self.chat_0, chat_id)].fields == fields_of(9, "chat-job")
+        assert [by_key[(self.scan_0, i)].family for i in scan_ids] == [self.scan] * 3
+        assert [by_key[(self.scan_0, i)].fields for i in scan_ids] == [
+            fields_of(n) for n in (1, 2, 3)
+        ]
         assert {d.delivery_count for d in deliveries} == {1}
 
     async def test_an_entry_is_delivered_once_per_group(self) -> None:
         first = await self.prepared_source("consumer-a")
         second = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_1, 2)
+        written = await self.append_many(self.scan_1, 2)
         other_group = await self.make_source(consumer="consumer-a", group="audit")
         await other_group.prepare()
 
@@ -175,83 +187,83 @@ class EventSourceContract:
 
     async def test_read_new_takes_at_most_count_entries_per_shard(self) -> None:
         source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 3)
+        written = await self.append_many(self.scan_0, 3)
 
         assert ids(await self.read_all(source, count=2)) == written[:2]
         assert ids(await self.read_all(source, count=2)) == written[2:]
 
     async def test_read_new_reads_only_the_shards_given(self) -> None:
         source = await self.prepared_source()
-        [scan] = await self.append_many(SCAN_0, 1)
-        await self.append(CHAT_0, fields_of(1, "chat-job"))
+        [scan] = await self.append_many(self.scan_0, 1)
+        await self.append(self.chat_0, fields_of(1, "chat-job"))
 
-        batch = await source.read_new({SCAN_0: "0-0"}, count=10)
+        batch = await source.read_new({self.scan_0: "0-0"}, count=10)
 
         assert ids(batch.deliveries) == [scan]
-        assert stats_of(await source.shard_stats(), CHAT_0).lag == 1
+        assert stats_of(await source.shard_stats(), self.chat_0).lag == 1
 
     async def test_read_new_returns_at_once_with_marks_when_nothing_is_new(self) -> None:
         source = await self.prepared_source()
-        [last] = await self.append_many(SCAN_0, 1)
+        [last] = await self.append_many(self.scan_0, 1)
         await self.read_all(source)
 
         async with asyncio.timeout(5):
-            batch = await source.read_new({**FROM_START, SCAN_0: last}, count=10)
+            batch = await source.read_new({**self.from_start, self.scan_0: last}, count=10)
 
         assert batch.deliveries == []
         assert batch.gaps == frozenset()
-        assert batch.marks == {SCAN_0: last, SCAN_1: "0-0", CHAT_0: "0-0"}
+        assert batch.marks == {self.scan_0: last, self.scan_1: "0-0", self.chat_0: "0-0"}
 
     async def test_a_read_that_drains_every_shard_gives_marks_one_that_does_not_none(
         self,
     ) -> None:
         source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 3)
+        written = await self.append_many(self.scan_0, 3)
 
-        partial = await source.read_new(FROM_START, count=2)
-        rest = await source.read_new({**FROM_START, SCAN_0: written[1]}, count=2)
+        partial = await source.read_new(self.from_start, count=2)
+        rest = await source.read_new({**self.from_start, self.scan_0: written[1]}, count=2)
 
         assert (ids(partial.deliveries), partial.marks) == (written[:2], {})
         assert ids(rest.deliveries) == written[2:]
-        assert rest.marks == {SCAN_0: written[2], SCAN_1: "0-0", CHAT_0: "0-0"}
+        assert rest.marks == {self.scan_0: written[2], self.scan_1: "0-0", self.chat_0: "0-0"}
 
     async def test_entries_another_consumer_took_after_the_last_read_are_a_gap(self) -> None:
         holder = await self.prepared_source("consumer-a")
         stale = await self.prepared_source("consumer-b")
-        [first] = await self.append_many(SCAN_0, 1)
+        [first] = await self.append_many(self.scan_0, 1)
         await self.read_all(holder)
-        await self.append(SCAN_0, fields_of(2))
+        await self.append(self.scan_0, fields_of(2))
         await self.read_all(stale)  # a router that lost the shard reads on
-        [chat] = await self.append_many(CHAT_0, 1)
-        third = await self.append(SCAN_0, fields_of(3))
+        [chat] = await self.append_many(self.chat_0, 1)
+        third = await self.append(self.scan_0, fields_of(3))
 
-        batch = await holder.read_new({SCAN_0: first, CHAT_0: "0-0"}, count=10)
+        batch = await holder.read_new({self.scan_0: first, self.chat_0: "0-0"}, count=10)
 
-        assert batch.gaps == {SCAN_0}
+        assert batch.gaps == {self.scan_0}
         assert ids(batch.deliveries) == [third, chat] or ids(batch.deliveries) == [chat, third]
 
     async def test_entries_an_earlier_read_took_whose_reply_was_lost_are_a_gap(self) -> None:
         source = await self.prepared_source()
-        [first] = await self.append_many(SCAN_0, 1)
+        [first] = await self.append_many(self.scan_0, 1)
         await self.read_all(source)
-        await self.append(SCAN_0, fields_of(2))
+        await self.append(self.scan_0, fields_of(2))
         await self.read_all(source)  # its reply never arrived; the client read again
-        third = await self.append(SCAN_0, fields_of(3))
+        third = await self.append(self.scan_0, fields_of(3))
 
-        batch = await source.read_new({SCAN_0: first}, count=10)
+        batch = await source.read_new({self.scan_0: first}, count=10)
 
-        assert batch.gaps == {SCAN_0}
+        assert batch.gaps == {self.scan_0}
         assert ids(batch.deliveries) == [third]
 
     async def test_no_gap_when_only_this_consumer_holds_entries_after_its_last(self) -> None:
         holder = await self.prepared_source("consumer-a")
         other = await self.prepared_source("consumer-b")
-        [older] = await self.append_many(SCAN_0, 1)
+        [older] = await self.append_many(self.scan_0, 1)
         await self.read_all(other)  # before the holder's position: not a gap
-        written = [await self.append(SCAN_0, fields_of(n)) for n in (2, 3)]
-        await holder.read_new({SCAN_0: older}, count=1)
+        written = [await self.append(self.scan_0, fields_of(n)) for n in (2, 3)]
+        await holder.read_new({self.scan_0: older}, count=1)
 
-        batch = await holder.read_new({SCAN_0: written[0]}, count=10)
+        batch = await holder.read_new({self.scan_0: written[0]}, count=10)
 
         assert batch.gaps == frozenset()
         assert ids(batch.deliveries) == written[1:]
@@ -260,107 +272,111 @@ class EventSourceContract:
         self,
     ) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_0, 2)
+        await self.append_many(self.scan_0, 2)
         await self.read_all(source)
-        await self.delete_stream(SCAN_0)
-        written = await self.append(SCAN_0, fields_of(3))
+        await self.delete_stream(self.scan_0)
+        written = await self.append(self.scan_0, fields_of(3))
 
         deliveries = await self.read_all(source)
 
         assert [(d.stream, d.entry_id, d.delivery_count) for d in deliveries] == [
-            (SCAN_0, written, 1)
+            (self.scan_0, written, 1)
         ]
-        assert stats_of(await source.shard_stats(), SCAN_0).pending == 1
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 1
 
     async def test_read_new_on_a_deleted_and_empty_stream_returns_nothing(self) -> None:
         source = await self.prepared_source()
-        await self.delete_stream(CHAT_0)
+        await self.delete_stream(self.chat_0)
 
         assert await self.read_all(source) == []
-        assert stats_of(await source.shard_stats(), CHAT_0).lag == 0
+        assert stats_of(await source.shard_stats(), self.chat_0).lag == 0
 
     async def test_a_destroyed_group_comes_back_after_the_reader_s_position(self) -> None:
         source = await self.prepared_source()
-        read = await self.append_many(SCAN_0, 2)
+        read = await self.append_many(self.scan_0, 2)
         await self.read_all(source)
-        await source.ack(await self.claim_all(source, SCAN_0))
-        await self.destroy_group(SCAN_0)
-        written = await self.append(SCAN_0, fields_of(3))
+        await source.ack(await self.claim_all(source, self.scan_0))
+        await self.destroy_group(self.scan_0)
+        written = await self.append(self.scan_0, fields_of(3))
 
-        batch = await source.read_new({**FROM_START, SCAN_0: read[-1]}, count=100)
+        batch = await source.read_new({**self.from_start, self.scan_0: read[-1]}, count=100)
 
-        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(SCAN_0, written)]
-        assert batch.regrouped == {SCAN_0: read[-1]}
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(self.scan_0, written)]
+        assert batch.regrouped == {self.scan_0: read[-1]}
 
     async def test_a_shard_of_the_wrong_type_is_reported_broken_and_the_others_read(
         self,
     ) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_0, 1)
-        chat = await self.append_many(CHAT_0, 1)
-        await self.break_shard(SCAN_0)
+        await self.append_many(self.scan_0, 1)
+        chat = await self.append_many(self.chat_0, 1)
+        await self.break_shard(self.scan_0)
 
-        batch = await source.read_new(FROM_START, count=100)
+        batch = await source.read_new(self.from_start, count=100)
 
-        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(CHAT_0, chat[0])]
-        assert list(batch.broken) == [SCAN_0]
-        assert batch.broken[SCAN_0].key == SCAN_0
-        assert "WRONGTYPE" in batch.broken[SCAN_0].cause
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(self.chat_0, chat[0])]
+        assert list(batch.broken) == [self.scan_0]
+        assert batch.broken[self.scan_0].key == self.scan_0
+        assert "WRONGTYPE" in batch.broken[self.scan_0].cause
 
     async def test_prepare_reports_a_shard_of_the_wrong_type_and_creates_the_others(
         self,
     ) -> None:
         source = await self.make_source(consumer="consumer-a")
-        await self.break_shard(SCAN_1)
+        await self.break_shard(self.scan_1)
 
         broken = await source.prepare()
 
-        assert list(broken) == [SCAN_1]
+        assert list(broken) == [self.scan_1]
         stats = await source.shard_stats()
-        assert [(s.stream, s.lag) for s in stats] == [(SCAN_0, 0), (SCAN_1, None), (CHAT_0, 0)]
+        assert [(s.stream, s.lag) for s in stats] == [
+            (self.scan_0, 0),
+            (self.scan_1, None),
+            (self.chat_0, 0),
+        ]
 
     async def test_a_claim_or_ack_on_a_shard_of_the_wrong_type_names_it(self) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_0, 1)
+        await self.append_many(self.scan_0, 1)
         deliveries = await self.read_all(source)
-        await self.break_shard(SCAN_0)
+        await self.break_shard(self.scan_0)
 
         with pytest.raises(PermanentError) as claimed:
-            await self.claim_all(source, SCAN_0)
+            await self.claim_all(source, self.scan_0)
         with pytest.raises(PermanentError) as acked:
             await source.ack(deliveries)
 
-        assert claimed.value.key == SCAN_0
-        assert acked.value.key == SCAN_0
+        assert claimed.value.key == self.scan_0
+        assert acked.value.key == self.scan_0
 
     # wait_for_new
 
     async def test_wait_for_new_returns_when_an_entry_is_appended_after_a_mark(self) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(FROM_START, count=10)).marks
+        marks = (await source.read_new(self.from_start, count=10)).marks
         waiting = asyncio.ensure_future(source.wait_for_new(marks, block_ms=5000))
         await asyncio.sleep(0.05)
         assert not waiting.done()
 
-        await self.append(SCAN_1, fields_of(1))
+        await self.append(self.scan_1, fields_of(1))
 
         async with asyncio.timeout(5):
             await waiting
-        assert stats_of(await source.shard_stats(), SCAN_1).lag == 1  # nothing was read
+        assert stats_of(await source.shard_stats(), self.scan_1).lag == 1  # nothing was read
 
     async def test_wait_for_new_returns_at_once_for_an_entry_already_after_its_mark(
         self,
     ) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(FROM_START, count=10)).marks
-        await self.append(CHAT_0, fields_of(1, "chat-job"))
+        marks = (await source.read_new(self.from_start, count=10)).marks
+        await self.append(self.chat_0, fields_of(1, "chat-job"))
 
         async with asyncio.timeout(2):
             await source.wait_for_new(marks, block_ms=5000)
 
     async def test_wait_for_new_returns_after_the_block_when_nothing_arrives(self) -> None:
         source = await self.prepared_source()
-        marks = (await source.read_new(FROM_START, count=10)).marks
+        marks = (await source.read_new(self.from_start, count=10)).marks
 
         async with asyncio.timeout(5):
             await source.wait_for_new(marks, block_ms=50)
@@ -369,35 +385,39 @@ class EventSourceContract:
 
     async def test_entries_read_but_not_acked_are_pending(self) -> None:
         source = await self.prepared_source()
-        written = await self.append_many(SCAN_0, 2)
+        written = await self.append_many(self.scan_0, 2)
         await self.read_all(source)
 
-        assert stats_of(await source.shard_stats(), SCAN_0).pending == 2
-        assert ids(await self.claim_all(source, SCAN_0)) == written
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 2
+        assert ids(await self.claim_all(source, self.scan_0)) == written
 
     async def test_ack_removes_entries_from_the_pending_list(self) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_0, 3)
-        await self.append(CHAT_0, fields_of(1, "chat-job"))
+        await self.append_many(self.scan_0, 3)
+        await self.append(self.chat_0, fields_of(1, "chat-job"))
         deliveries = await self.read_all(source)
-        kept = next(d for d in deliveries if d.stream == SCAN_0)
+        kept = next(d for d in deliveries if d.stream == self.scan_0)
 
         await source.ack([d for d in deliveries if d is not kept])
 
         stats = await source.shard_stats()
-        assert [(s.stream, s.pending) for s in stats] == [(SCAN_0, 1), (SCAN_1, 0), (CHAT_0, 0)]
-        assert ids(await self.claim_all(source, SCAN_0)) == [kept.entry_id]
+        assert [(s.stream, s.pending) for s in stats] == [
+            (self.scan_0, 1),
+            (self.scan_1, 0),
+            (self.chat_0, 0),
+        ]
+        assert ids(await self.claim_all(source, self.scan_0)) == [kept.entry_id]
 
     async def test_ack_of_nothing_and_of_a_deleted_stream_is_harmless(self) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_1, 1)
+        await self.append_many(self.scan_1, 1)
         deliveries = await self.read_all(source)
-        await self.delete_stream(SCAN_1)
+        await self.delete_stream(self.scan_1)
 
         await source.ack([])
         await source.ack(deliveries)
 
-        assert await self.claim_all(source, SCAN_1) == []
+        assert await self.claim_all(source, self.scan_1) == []
 
     # claim
 
@@ -406,26 +426,28 @@ class EventSourceContract:
     ) -> None:
         crashed = await self.prepared_source("consumer-a")
         heir = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_1, 2)
+        written = await self.append_many(self.scan_1, 2)
         await self.read_all(crashed)
 
-        again = await self.claim_all(heir, SCAN_1)
-        third = await self.claim_all(heir, SCAN_1)
+        again = await self.claim_all(heir, self.scan_1)
+        third = await self.claim_all(heir, self.scan_1)
 
         assert [(d.entry_id, d.delivery_count) for d in again] == [(i, 2) for i in written]
         assert [(d.entry_id, d.delivery_count) for d in third] == [(i, 3) for i in written]
         assert [d.fields for d in third] == [fields_of(1), fields_of(2)]
-        assert {(d.family, d.stream) for d in third} == {(SCAN, SCAN_1)}
-        assert await self.claim_all(crashed, SCAN_0) == []
+        assert {(d.family, d.stream) for d in third} == {(self.scan, self.scan_1)}
+        assert await self.claim_all(crashed, self.scan_0) == []
 
     async def test_claim_takes_idle_entries_from_another_consumer(self) -> None:
         crashed = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_1, 2)
+        written = await self.append_many(self.scan_1, 2)
         await self.read_all(crashed)
         await self.let_time_pass(IDLE_MS + 20)
 
-        page = await rescuer.claim(SCAN_1, token=1, cursor="0-0", min_idle_ms=IDLE_MS, count=10)
+        page = await rescuer.claim(
+            self.scan_1, token=1, cursor="0-0", min_idle_ms=IDLE_MS, count=10
+        )
 
         assert page.wrapped
         assert not page.fenced
@@ -434,34 +456,34 @@ class EventSourceContract:
             (i, 2) for i in written
         ]
         assert [d.fields for d in page.deliveries] == [fields_of(1), fields_of(2)]
-        assert {(d.family, d.stream) for d in page.deliveries} == {(SCAN, SCAN_1)}
+        assert {(d.family, d.stream) for d in page.deliveries} == {(self.scan, self.scan_1)}
 
     async def test_claim_leaves_entries_that_are_not_idle_long_enough(self) -> None:
         busy = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_0, 2)
+        written = await self.append_many(self.scan_0, 2)
         await self.read_all(busy)
 
-        page = await rescuer.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=60_000, count=10)
+        page = await rescuer.claim(self.scan_0, token=1, cursor="0-0", min_idle_ms=60_000, count=10)
 
         assert page.deliveries == []
         assert page.wrapped
-        assert ids(await self.claim_all(busy, SCAN_0)) == written
+        assert ids(await self.claim_all(busy, self.scan_0)) == written
 
     async def test_claim_under_a_token_that_moved_on_is_fenced_and_takes_nothing(
         self,
     ) -> None:
         holder = await self.prepared_source("consumer-a")
         stale = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_0, 2)
+        written = await self.append_many(self.scan_0, 2)
         await self.read_all(holder)
-        await self.set_epoch(SCAN_0, 2)
+        await self.set_epoch(self.scan_0, 2)
 
-        page = await stale.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
+        page = await stale.claim(self.scan_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
 
         assert page.fenced
         assert page.deliveries == []
-        new_holder = await holder.claim(SCAN_0, token=2, cursor="0-0", min_idle_ms=0, count=10)
+        new_holder = await holder.claim(self.scan_0, token=2, cursor="0-0", min_idle_ms=0, count=10)
         assert [(d.entry_id, d.delivery_count) for d in new_holder.deliveries] == [
             (i, 2) for i in written
         ]
@@ -471,30 +493,30 @@ class EventSourceContract:
     ) -> None:
         crashed = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
-        kept, deleted = await self.append_many(SCAN_0, 2)
+        kept, deleted = await self.append_many(self.scan_0, 2)
         await self.read_all(crashed)
-        await self.delete_entry(SCAN_0, deleted)
+        await self.delete_entry(self.scan_0, deleted)
 
-        deliveries = await self.claim_all(rescuer, SCAN_0)
+        deliveries = await self.claim_all(rescuer, self.scan_0)
 
         by_id = {d.entry_id: d for d in deliveries}
         assert sorted(by_id) == sorted([kept, deleted])
         assert by_id[deleted].fields is None
-        assert by_id[deleted].stream == SCAN_0
-        assert by_id[deleted].family == SCAN
+        assert by_id[deleted].stream == self.scan_0
+        assert by_id[deleted].family == self.scan
         assert by_id[kept].fields == fields_of(1)
         # The deleted entry leaves the pending list: only the claimed one is left.
-        assert stats_of(await rescuer.shard_stats(), SCAN_0).pending == 1
+        assert stats_of(await rescuer.shard_stats(), self.scan_0).pending == 1
 
     async def test_claim_pages_with_its_cursor_until_it_wraps(self) -> None:
         crashed = await self.prepared_source("consumer-a")
         rescuer = await self.prepared_source("consumer-b")
-        written = await self.append_many(SCAN_0, 5)
+        written = await self.append_many(self.scan_0, 5)
         await self.read_all(crashed)
 
         pages, cursor = [], "0-0"
         while True:
-            page = await rescuer.claim(SCAN_0, token=1, cursor=cursor, min_idle_ms=0, count=2)
+            page = await rescuer.claim(self.scan_0, token=1, cursor=cursor, min_idle_ms=0, count=2)
             pages.append(page)
             if page.wrapped or len(pages) > 10:
                 break
@@ -505,9 +527,9 @@ class EventSourceContract:
 
     async def test_claim_on_a_deleted_stream_returns_an_empty_wrapped_page(self) -> None:
         source = await self.prepared_source()
-        await self.delete_stream(SCAN_0)
+        await self.delete_stream(self.scan_0)
 
-        page = await source.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
+        page = await source.claim(self.scan_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
 
         assert page.deliveries == []
         assert page.wrapped
@@ -516,16 +538,16 @@ class EventSourceContract:
 
     async def test_shard_stats_show_lag_and_pending_per_shard(self) -> None:
         source = await self.prepared_source()
-        await self.append_many(SCAN_0, 3)
-        await self.append_many(CHAT_0, 1)
+        await self.append_many(self.scan_0, 3)
+        await self.append_many(self.chat_0, 1)
         await self.read_all(source, count=1)
 
         stats = await source.shard_stats()
 
         assert [(s.family, s.stream, s.shard, s.lag, s.pending) for s in stats] == [
-            (SCAN, SCAN_0, 0, 2, 1),
-            (SCAN, SCAN_1, 1, 0, 0),
-            (CHAT, CHAT_0, 0, 0, 1),
+            (self.scan, self.scan_0, 0, 2, 1),
+            (self.scan, self.scan_1, 1, 0, 0),
+            (self.chat, self.chat_0, 0, 0, 1),
         ]
 
     # availability
@@ -542,6 +564,6 @@ class EventSourceContract:
         with pytest.raises(TransientError):
             await source.ping()
         with pytest.raises(TransientError):
-            await source.read_new(FROM_START, count=10)
+            await source.read_new(self.from_start, count=10)
         with pytest.raises(TransientError):
-            await source.claim(SCAN_0, token=1, cursor="0-0", min_idle_ms=0, count=10)
+            await source.claim(self.scan_0, token=1, cursor="0-0", min_idle_ms=0, count=10)

@@ -6,21 +6,19 @@ import pytest
 
 from eco_router.application.errors import TransientError
 from eco_router.application.ports import LeaseStore
-from tests.contracts.factories import CHAT, SCAN
+from tests.contracts.factories import ContractFamilies
 
-SCAN_0, SCAN_1 = SCAN.streams
-CHAT_0 = CHAT.streams[0]
 TTL_MS = 300
 
 
-class LeaseStoreContract:
-    """Every `LeaseStore` adapter over `SCAN` (2 shards) and `CHAT` (1 shard), TTL `TTL_MS`.
+class LeaseStoreContract(ContractFamilies):
+    """Every `LeaseStore` adapter over the class's `families`, TTL `TTL_MS`.
 
     Subclasses wire a backend and implement the hooks below.
     """
 
     async def make_store(self) -> LeaseStore:
-        """A store of the group's leases with a TTL of `TTL_MS`."""
+        """A store of the group's leases on the shards of `families`, with a TTL of `TTL_MS`."""
         raise NotImplementedError
 
     async def let_time_pass(self, ms: int) -> None:
@@ -65,94 +63,98 @@ class LeaseStoreContract:
     async def test_a_free_shard_is_acquired_with_a_first_token(self) -> None:
         store = await self.make_store()
 
-        lease = await store.acquire(SCAN_0, "router-a")
+        lease = await store.acquire(self.scan_0, "router-a")
 
         assert lease is not None
         assert (lease.owner, lease.token) == ("router-a", 1)
         assert lease.since_ms < lease.expires_ms <= lease.since_ms + TTL_MS
         assert {s: (x.owner, x.token) for s, x in (await store.view()).leases.items()} == {
-            SCAN_0: ("router-a", 1)
+            self.scan_0: ("router-a", 1)
         }
 
     async def test_a_held_shard_cannot_be_acquired_by_another_router(self) -> None:
         store = await self.make_store()
-        await store.acquire(SCAN_0, "router-a")
+        await store.acquire(self.scan_0, "router-a")
 
-        assert await store.acquire(SCAN_0, "router-b") is None
-        assert await store.acquire(SCAN_0, "router-a") is None
+        assert await store.acquire(self.scan_0, "router-b") is None
+        assert await store.acquire(self.scan_0, "router-a") is None
 
     async def test_a_lapsed_lease_goes_to_the_next_router_with_a_higher_token(self) -> None:
         store = await self.make_store()
-        await store.acquire(SCAN_0, "router-a")
+        await store.acquire(self.scan_0, "router-a")
         await self.let_time_pass(TTL_MS + 50)
 
-        lease = await store.acquire(SCAN_0, "router-b")
+        lease = await store.acquire(self.scan_0, "router-b")
 
         assert lease is not None
         assert (lease.owner, lease.token) == ("router-b", 2)
 
     async def test_a_heartbeat_renews_the_leases_held_with_their_token(self) -> None:
         store = await self.make_store()
-        first = await store.acquire(SCAN_0, "router-a")
+        first = await store.acquire(self.scan_0, "router-a")
         assert first is not None
         await self.let_time_pass(TTL_MS // 2)
 
-        view = await store.heartbeat("router-a", {SCAN_0: first.token})
+        view = await store.heartbeat("router-a", {self.scan_0: first.token})
         await self.let_time_pass(TTL_MS // 2 + 50)
 
-        assert view.leases[SCAN_0].expires_ms > first.expires_ms
-        assert view.leases[SCAN_0].since_ms == first.since_ms
-        assert await store.acquire(SCAN_0, "router-b") is None
+        assert view.leases[self.scan_0].expires_ms > first.expires_ms
+        assert view.leases[self.scan_0].since_ms == first.since_ms
+        assert await store.acquire(self.scan_0, "router-b") is None
 
     async def test_a_lapsed_lease_nobody_took_is_renewed_under_the_same_token(self) -> None:
         store = await self.make_store()
-        first = await store.acquire(SCAN_0, "router-a")
+        first = await store.acquire(self.scan_0, "router-a")
         assert first is not None
         await self.let_time_pass(TTL_MS + 50)
 
-        view = await store.heartbeat("router-a", {SCAN_0: first.token})
+        view = await store.heartbeat("router-a", {self.scan_0: first.token})
 
-        assert (view.leases[SCAN_0].owner, view.leases[SCAN_0].token) == ("router-a", 1)
+        assert (view.leases[self.scan_0].owner, view.leases[self.scan_0].token) == ("router-a", 1)
 
     async def test_a_heartbeat_with_an_old_token_renews_nothing_and_shows_the_holder(
         self,
     ) -> None:
         store = await self.make_store()
-        await store.acquire(SCAN_0, "router-a")
+        await store.acquire(self.scan_0, "router-a")
         await self.let_time_pass(TTL_MS + 50)
-        await store.acquire(SCAN_0, "router-b")
+        await store.acquire(self.scan_0, "router-b")
 
-        view = await store.heartbeat("router-a", {SCAN_0: 1})
+        view = await store.heartbeat("router-a", {self.scan_0: 1})
 
-        assert (view.leases[SCAN_0].owner, view.leases[SCAN_0].token) == ("router-b", 2)
+        assert (view.leases[self.scan_0].owner, view.leases[self.scan_0].token) == ("router-b", 2)
 
     async def test_a_release_frees_the_shard_and_the_next_token_is_higher(self) -> None:
         store = await self.make_store()
-        await store.acquire(CHAT_0, "router-a")
+        await store.acquire(self.chat_0, "router-a")
 
-        await store.release(CHAT_0, "router-a", 1)
-        lease = await store.acquire(CHAT_0, "router-b")
+        await store.release(self.chat_0, "router-a", 1)
+        lease = await store.acquire(self.chat_0, "router-b")
 
         assert lease is not None
         assert (lease.owner, lease.token) == ("router-b", 2)
 
     async def test_a_release_with_an_old_token_leaves_the_new_holder_alone(self) -> None:
         store = await self.make_store()
-        await store.acquire(SCAN_1, "router-a")
+        await store.acquire(self.scan_1, "router-a")
         await self.let_time_pass(TTL_MS + 50)
-        await store.acquire(SCAN_1, "router-b")
+        await store.acquire(self.scan_1, "router-b")
 
-        await store.release(SCAN_1, "router-a", 1)
+        await store.release(self.scan_1, "router-a", 1)
 
-        assert (await store.view()).leases[SCAN_1].owner == "router-b"
+        assert (await store.view()).leases[self.scan_1].owner == "router-b"
 
     async def test_shards_are_leased_independently(self) -> None:
         store = await self.make_store()
 
-        leases = [await store.acquire(s, "router-a") for s in (SCAN_0, SCAN_1, CHAT_0)]
+        leases = [
+            await store.acquire(s, "router-a") for s in (self.scan_0, self.scan_1, self.chat_0)
+        ]
 
         assert [lease.token if lease else None for lease in leases] == [1, 1, 1]
-        assert sorted((await store.view()).leases) == sorted([SCAN_0, SCAN_1, CHAT_0])
+        assert sorted((await store.view()).leases) == sorted(
+            [self.scan_0, self.scan_1, self.chat_0]
+        )
 
     # availability
 
@@ -163,4 +165,4 @@ class LeaseStoreContract:
         with pytest.raises(TransientError):
             await store.heartbeat("router-a", {})
         with pytest.raises(TransientError):
-            await store.acquire(SCAN_0, "router-a")
+            await store.acquire(self.scan_0, "router-a")

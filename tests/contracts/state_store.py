@@ -9,30 +9,35 @@ import pytest
 from eco_router.application.messages import EncodedEvent, JobView
 from eco_router.application.ports import StateStore
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
-from tests.contracts.factories import encoded, entry_id
+from tests.contracts.factories import ContractFamilies, entry_id
 
 HISTORY_SIZE = 3
-SCAN_0, CHAT_0 = "scan:events:0", "chat:events:0"
-# The fencing tokens the tests' router holds its shards with (each shard's epoch at start).
-FENCE = {SCAN_0: 1, CHAT_0: 1}
 
 
-def raw_sized(seq: int, size: int) -> EncodedEvent:
-    """Event `seq` of job-1 with a payload of exactly `size` bytes (what the store keeps)."""
-    event = encoded(seq=seq, stream_id=entry_id(seq)).event
-    return EncodedEvent(event, f"{seq}:".encode().ljust(size, b"x"))
-
-
-class StateStoreContract:
+class StateStoreContract(ContractFamilies):
     """Every `StateStore` adapter, created empty with a history of `HISTORY_SIZE` payloads.
 
-    Subclasses wire a backend and implement `make_store`.
+    Subclasses wire a backend and implement `make_store`. Scan events go to `scan_0`, the
+    shard of every scan job here (job-1, job-a, job-b) as a producer routes them: a store on
+    tagged shards finds a job's keys through its shard.
     """
+
+    @property
+    def fence(self) -> dict[str, int]:
+        """The fencing tokens the tests' router holds its shards with (each shard's epoch at
+        start)."""
+        return {self.scan_0: 1, self.chat_0: 1}
+
+    def raw_sized(self, seq: int, size: int) -> EncodedEvent:
+        """Event `seq` of job-1 with a payload of exactly `size` bytes (what the store keeps)."""
+        event = self.encoded(seq=seq, stream_id=entry_id(seq)).event
+        return EncodedEvent(event, f"{seq}:".encode().ljust(size, b"x"))
 
     async def make_store(
         self, *, history_size: int = HISTORY_SIZE, history_max_bytes: int = 1 << 20
     ) -> StateStore:
-        """An empty store with long TTLs (nothing expires during a test)."""
+        """An empty store over the class's `families` with long TTLs (nothing expires during
+        a test)."""
         raise NotImplementedError
 
     async def set_epoch(self, stream: str, token: int) -> None:
@@ -41,20 +46,20 @@ class StateStoreContract:
 
     @pytest.fixture(autouse=True)
     async def _tokens(self, _backend: None) -> None:
-        for stream, token in FENCE.items():
+        for stream, token in self.fence.items():
             await self.set_epoch(stream, token)
 
     async def apply(
         self, store: StateStore, events: Sequence[EncodedEvent]
     ) -> list[Judgement | None]:
         """Apply as the holder of every shard; no shard may be fenced."""
-        applied = await store.apply(events, FENCE)
+        applied = await store.apply(events, self.fence)
         assert applied.fenced == frozenset()
         return applied.judgements
 
     async def test_a_new_event_is_applied_to_state_and_history(self) -> None:
         store = await self.make_store()
-        event = encoded(seq=1, stream_id=entry_id(1))
+        event = self.encoded(seq=1, stream_id=entry_id(1))
 
         judgements = await self.apply(store, [event])
 
@@ -65,8 +70,8 @@ class StateStoreContract:
         self,
     ) -> None:
         store = await self.make_store()
-        first = encoded(seq=1, stream_id=entry_id(1))
-        second = encoded(seq=2, stream_id=entry_id(2))
+        first = self.encoded(seq=1, stream_id=entry_id(1))
+        second = self.encoded(seq=2, stream_id=entry_id(2))
         await self.apply(store, [first, second])
 
         judgements = await self.apply(store, [first])
@@ -78,15 +83,15 @@ class StateStoreContract:
 
     async def test_another_entry_with_an_applied_seq_is_a_duplicate(self) -> None:
         store = await self.make_store()
-        original = encoded(seq=1, stream_id=entry_id(1), stage="queued")
-        newest = encoded(seq=2, stream_id=entry_id(2), stage="scanning")
+        original = self.encoded(seq=1, stream_id=entry_id(1), stage="queued")
+        newest = self.encoded(seq=2, stream_id=entry_id(2), stage="scanning")
         await self.apply(store, [original, newest])
 
         judgements = await self.apply(
             store,
             [
-                encoded(seq=2, stream_id=entry_id(3), stage="copy"),
-                encoded(seq=1, stream_id=entry_id(4), stage="copy"),
+                self.encoded(seq=2, stream_id=entry_id(3), stage="copy"),
+                self.encoded(seq=1, stream_id=entry_id(4), stage="copy"),
             ],
         )
 
@@ -97,27 +102,29 @@ class StateStoreContract:
 
     async def test_a_lower_seq_never_applied_is_stale_and_leaves_the_state_alone(self) -> None:
         store = await self.make_store()
-        newest = encoded(seq=5, stream_id=entry_id(5))
+        newest = self.encoded(seq=5, stream_id=entry_id(5))
         await self.apply(store, [newest])
 
-        judgements = await self.apply(store, [encoded(seq=4, stream_id=entry_id(4), stage="late")])
+        judgements = await self.apply(
+            store, [self.encoded(seq=4, stream_id=entry_id(4), stage="late")]
+        )
 
         assert judgements == [STALE]
         assert await store.view("scan", "job-1") == JobView(newest.payload, [newest.payload])
 
     async def test_seq_zero_is_a_valid_first_seq(self) -> None:
         store = await self.make_store()
-        first = encoded(seq=0, stream_id=entry_id(1))
+        first = self.encoded(seq=0, stream_id=entry_id(1))
 
         assert await self.apply(store, [first]) == [NEW_APPLY]
-        assert await self.apply(store, [encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]
+        assert await self.apply(store, [self.encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]
         assert await store.view("scan", "job-1") == JobView(first.payload, [first.payload])
 
     async def test_a_batch_of_one_job_is_judged_in_the_given_order(self) -> None:
         store = await self.make_store()
-        one, two, three = (encoded(seq=n, stream_id=entry_id(n)) for n in (1, 2, 3))
-        late = encoded(seq=2, stream_id=entry_id(9), stage="late")
-        repeated = encoded(seq=4, stream_id=entry_id(4))
+        one, two, three = (self.encoded(seq=n, stream_id=entry_id(n)) for n in (1, 2, 3))
+        late = self.encoded(seq=2, stream_id=entry_id(9), stage="late")
+        repeated = self.encoded(seq=4, stream_id=entry_id(4))
 
         judgements = await self.apply(store, [one, three, two, late, repeated, repeated])
 
@@ -128,11 +135,11 @@ class StateStoreContract:
 
     async def test_a_batch_of_several_jobs_keeps_each_jobs_state_apart(self) -> None:
         store = await self.make_store()
-        a1 = encoded(job_id="job-a", seq=1, stream_id=entry_id(1))
-        b1 = encoded(job_id="job-b", seq=1, stream_id=entry_id(2))
-        a2 = encoded(job_id="job-a", seq=2, stream_id=entry_id(3))
-        b_stale = encoded(job_id="job-b", seq=0, stream_id=entry_id(4))
-        chat_a = encoded(domain="chat", stream="chat:events:0", job_id="job-a", seq=1)
+        a1 = self.encoded(job_id="job-a", seq=1, stream_id=entry_id(1))
+        b1 = self.encoded(job_id="job-b", seq=1, stream_id=entry_id(2))
+        a2 = self.encoded(job_id="job-a", seq=2, stream_id=entry_id(3))
+        b_stale = self.encoded(job_id="job-b", seq=0, stream_id=entry_id(4))
+        chat_a = self.encoded(domain="chat", stream=self.chat_0, job_id="job-a", seq=1)
 
         judgements = await self.apply(store, [a1, b1, a2, b_stale, chat_a])
 
@@ -143,7 +150,7 @@ class StateStoreContract:
 
     async def test_history_keeps_only_the_newest_payloads_in_seq_order(self) -> None:
         store = await self.make_store(history_size=HISTORY_SIZE)
-        events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
+        events = [self.encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
         await self.apply(store, events[:4])
 
         await self.apply(store, events[4:])
@@ -154,7 +161,7 @@ class StateStoreContract:
 
     async def test_history_keeps_only_the_newest_payloads_within_its_byte_cap(self) -> None:
         store = await self.make_store(history_size=100, history_max_bytes=10_000)
-        events = [raw_sized(n, 3000) for n in range(1, 6)]
+        events = [self.raw_sized(n, 3000) for n in range(1, 6)]
         await self.apply(store, events[:2])
         assert (await store.view("scan", "job-1")).history == [e.payload for e in events[:2]]
 
@@ -167,8 +174,10 @@ class StateStoreContract:
 
     async def test_the_byte_cap_counts_what_was_trimmed_by_count_too(self) -> None:
         store = await self.make_store(history_size=2, history_max_bytes=5000)
-        await self.apply(store, [raw_sized(1, 2000), raw_sized(2, 2000), raw_sized(3, 2000)])
-        small = [raw_sized(4, 500), raw_sized(5, 500)]
+        await self.apply(
+            store, [self.raw_sized(1, 2000), self.raw_sized(2, 2000), self.raw_sized(3, 2000)]
+        )
+        small = [self.raw_sized(4, 500), self.raw_sized(5, 500)]
 
         await self.apply(store, small)
 
@@ -177,8 +186,8 @@ class StateStoreContract:
 
     async def test_the_newest_event_stays_in_the_history_even_above_the_byte_cap(self) -> None:
         store = await self.make_store(history_size=100, history_max_bytes=1000)
-        await self.apply(store, [raw_sized(1, 400)])
-        huge = raw_sized(2, 3000)
+        await self.apply(store, [self.raw_sized(1, 400)])
+        huge = self.raw_sized(2, 3000)
 
         await self.apply(store, [huge])
 
@@ -186,7 +195,7 @@ class StateStoreContract:
 
     async def test_the_view_of_an_unknown_job_is_empty(self) -> None:
         store = await self.make_store()
-        await self.apply(store, [encoded(job_id="job-1")])
+        await self.apply(store, [self.encoded(job_id="job-1")])
 
         assert await store.view("scan", "job-2") == JobView(None, [])
         assert await store.view("chat", "job-1") == JobView(None, [])
@@ -200,35 +209,35 @@ class StateStoreContract:
 
     async def test_a_shard_whose_token_moved_on_is_not_touched(self) -> None:
         store = await self.make_store()
-        before = encoded(seq=1, stream_id=entry_id(1))
+        before = self.encoded(seq=1, stream_id=entry_id(1))
         await self.apply(store, [before])
-        await self.set_epoch(SCAN_0, 2)  # another router took the shard
-        chat = encoded(domain="chat", stream=CHAT_0, seq=1, stream_id=entry_id(2))
+        await self.set_epoch(self.scan_0, 2)  # another router took the shard
+        chat = self.encoded(domain="chat", stream=self.chat_0, seq=1, stream_id=entry_id(2))
 
         applied = await store.apply(
-            [encoded(seq=2, stream_id=entry_id(3)), chat], {SCAN_0: 1, CHAT_0: 1}
+            [self.encoded(seq=2, stream_id=entry_id(3)), chat], {self.scan_0: 1, self.chat_0: 1}
         )
 
-        assert applied.fenced == {SCAN_0}
+        assert applied.fenced == {self.scan_0}
         assert applied.judgements == [None, NEW_APPLY]
         assert await store.view("scan", "job-1") == JobView(before.payload, [before.payload])
         assert await store.view("chat", "job-1") == JobView(chat.payload, [chat.payload])
 
     async def test_the_new_token_writes(self) -> None:
         store = await self.make_store()
-        await self.set_epoch(SCAN_0, 2)
-        event = encoded(seq=1, stream_id=entry_id(1))
+        await self.set_epoch(self.scan_0, 2)
+        event = self.encoded(seq=1, stream_id=entry_id(1))
 
-        applied = await store.apply([event], {SCAN_0: 2})
+        applied = await store.apply([event], {self.scan_0: 2})
 
         assert applied.fenced == frozenset()
         assert applied.judgements == [NEW_APPLY]
 
     async def test_a_shard_without_events_is_checked_too(self) -> None:
         store = await self.make_store()
-        await self.set_epoch(CHAT_0, 7)
+        await self.set_epoch(self.chat_0, 7)
 
-        applied = await store.apply([], {SCAN_0: 1, CHAT_0: 1})
+        applied = await store.apply([], {self.scan_0: 1, self.chat_0: 1})
 
-        assert applied.fenced == {CHAT_0}
+        assert applied.fenced == {self.chat_0}
         assert applied.judgements == []

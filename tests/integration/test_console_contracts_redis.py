@@ -20,7 +20,7 @@ from eco_router.application.ports import (
     ShardProgress,
 )
 from tests.contracts.console_ports import DeadLetterArchiveContract, Fields, ShardProgressContract
-from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 
 
 def _text(value: bytes | str) -> str:
@@ -48,10 +48,22 @@ class TestRedisShardProgress(ShardProgressContract):
         self.redis = streams_redis
 
     async def make_progress(self) -> ShardProgress:
-        return RedisShardProgress(self.redis, families=FAMILIES, group=GROUP)
+        return RedisShardProgress(self.redis, families=self.families, group=GROUP)
 
     async def make_source(self) -> EventSource:
-        return RedisStreamEventSource(self.redis, families=FAMILIES, group=GROUP, consumer="c")
+        return RedisStreamEventSource(self.redis, families=self.families, group=GROUP, consumer="c")
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         return _text(await self.redis.xadd(stream, dict(fields)))  # type: ignore[arg-type]
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout, on a standalone
+# server (which takes any key).
+
+
+class TestRedisDeadLetterArchiveTagged(TestRedisDeadLetterArchive):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisShardProgressTagged(TestRedisShardProgress):
+    families = TAGGED_FAMILIES

@@ -30,11 +30,11 @@ from eco_router.application.ports import (
 )
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
-from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields, make_letter
+from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -46,7 +46,9 @@ class TestRedisStreamEventSource(EventSourceContract):
         self.redis = streams_redis
 
     async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
-        return RedisStreamEventSource(self.redis, families=FAMILIES, group=group, consumer=consumer)
+        return RedisStreamEventSource(
+            self.redis, families=self.families, group=group, consumer=consumer
+        )
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         entry_id = await self.redis.xadd(stream, dict(fields))  # type: ignore[arg-type]
@@ -87,6 +89,7 @@ class TestRedisLuaStateStore(StateStoreContract):
         return RedisLuaStateStore(
             self.redis,
             group=GROUP,
+            families=self.families,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,
@@ -180,15 +183,16 @@ class TestRedisStreamDeadLetterSink(DeadLetterSinkContract):
 
     async def test_an_entrys_marker_lives_for_the_marker_ttl_beside_its_letter(self) -> None:
         sink = RedisStreamDeadLetterSink(self.redis, marker_ttl_s=60)
-        letter = make_letter()
+        letter = self.letter()
+        dead_letter_stream = self.scan.dead_letter_stream
 
         await sink.send([letter])
 
-        marker = DeadLetterKeys("scan:events:dlq").marker(
+        marker = DeadLetterKeys(dead_letter_stream).marker(
             letter.delivery.stream, letter.delivery.entry_id
         )
         assert 0 < await self.redis.pttl(marker) <= 60_000
-        assert key_slot(marker.encode()) == key_slot(b"scan:events:dlq")
+        assert key_slot(marker.encode()) == key_slot(dead_letter_stream.encode())
 
 
 class TestRedisLeaseStore(LeaseStoreContract):
@@ -198,7 +202,7 @@ class TestRedisLeaseStore(LeaseStoreContract):
         self.redis = streams_redis
 
     async def make_store(self) -> LeaseStore:
-        return RedisLeaseStore(self.redis, families=FAMILIES, group=GROUP, ttl_ms=TTL_MS)
+        return RedisLeaseStore(self.redis, families=self.families, group=GROUP, ttl_ms=TTL_MS)
 
     async def let_time_pass(self, ms: int) -> None:
         # Leases expire on the server's own clock: only real time lapses them.
@@ -206,3 +210,23 @@ class TestRedisLeaseStore(LeaseStoreContract):
 
     async def cut_server(self) -> None:
         self.server.stop()
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout, on a standalone
+# server (which takes any key): the adapters' tagged layout without a cluster.
+
+
+class TestRedisStreamEventSourceTagged(TestRedisStreamEventSource):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisLuaStateStoreTagged(TestRedisLuaStateStore):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisStreamDeadLetterSinkTagged(TestRedisStreamDeadLetterSink):
+    families = TAGGED_FAMILIES
+
+
+class TestRedisLeaseStoreTagged(TestRedisLeaseStore):
+    families = TAGGED_FAMILIES

@@ -19,7 +19,7 @@ from eco_router.application.ports import (
     ShardProgress,
 )
 from tests.contracts.console_ports import DeadLetterArchiveContract, Fields, ShardProgressContract
-from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 
 
 class TestInMemoryDeadLetterArchive(DeadLetterArchiveContract):
@@ -43,10 +43,21 @@ class TestInMemoryShardProgress(ShardProgressContract):
         self.streams = InMemoryStreams(ManualClock())
 
     async def make_progress(self) -> ShardProgress:
-        return InMemoryShardProgress(self.streams, families=FAMILIES, group=GROUP)
+        return InMemoryShardProgress(self.streams, families=self.families, group=GROUP)
 
     async def make_source(self) -> EventSource:
-        return InMemoryEventSource(self.streams, families=FAMILIES, group=GROUP, consumer="c")
+        return InMemoryEventSource(self.streams, families=self.families, group=GROUP, consumer="c")
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         return self.streams.xadd(stream, fields)
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout.
+
+
+class TestInMemoryDeadLetterArchiveTagged(TestInMemoryDeadLetterArchive):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryShardProgressTagged(TestInMemoryShardProgress):
+    families = TAGGED_FAMILIES

@@ -30,7 +30,7 @@ from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import FAMILIES, GROUP
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -42,7 +42,9 @@ class TestInMemoryEventSource(EventSourceContract):
         self.streams = InMemoryStreams(self.clock)
 
     async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
-        return InMemoryEventSource(self.streams, families=FAMILIES, group=group, consumer=consumer)
+        return InMemoryEventSource(
+            self.streams, families=self.families, group=group, consumer=consumer
+        )
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         return self.streams.xadd(stream, fields)
@@ -148,3 +150,22 @@ class TestInMemoryLeaseStore(LeaseStoreContract):
 
     async def cut_server(self) -> None:
         self.store.available = False
+
+
+# The same contracts on the hash-tagged shard names of a Redis Cluster layout.
+
+
+class TestInMemoryEventSourceTagged(TestInMemoryEventSource):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryStateStoreTagged(TestInMemoryStateStore):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryDeadLetterSinkTagged(TestInMemoryDeadLetterSink):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryLeaseStoreTagged(TestInMemoryLeaseStore):
+    families = TAGGED_FAMILIES

@@ -77,16 +77,27 @@ class RedisStreamEventSource(EventSource):
         together = len(by_slot(after)) == 1
         reads, pending = await self._read_and_look_behind(after, count, together=together)
         regrouped: dict[str, str] = {}
-        if isinstance(reads[0], ResponseError) and _is_nogroup(reads[0]):
-            positions = await self._positions(after)
+        vanished = {
+            stream: after[stream]
+            for stream, read in zip(after, reads, strict=True)
+            if isinstance(read, ResponseError) and _is_nogroup(read)
+        }
+        if vanished:
+            positions = await self._positions(vanished)
             _, created = await self._create_groups(positions)
             regrouped = {stream: positions[stream] for stream in created}
-            reads, pending = await self._read_and_look_behind(after, count, together=together)
-        if isinstance(reads[0], Exception) and not isinstance(
-            error := port_error(reads[0], "XREADGROUP"), PermanentError
-        ):
-            raise error from reads[0]
-        if isinstance(reads[0], Exception):
+            # Only the shards that read nothing are read again: the others' entries are
+            # this consumer's pending ones now, which a second read would not return.
+            again = await self._read_and_look_behind(vanished, count, together=together)
+            redone = dict(zip(vanished, zip(*again, strict=True), strict=True))
+            reads = [redone[s][0] if s in redone else r for s, r in zip(after, reads, strict=True)]
+            pending = [
+                redone[s][1] if s in redone else p for s, p in zip(after, pending, strict=True)
+            ]
+        if together and isinstance(reads[0], Exception):
+            error = port_error(reads[0], "XREADGROUP")
+            if not isinstance(error, PermanentError):
+                raise error from reads[0]
             # One XREADGROUP reads every shard or none: find the shard it failed on.
             reads, pending = await self._read_and_look_behind(after, count, together=False)
         broken = {}
