@@ -12,7 +12,7 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.messages import EncodedEvent
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
-from tests.contracts.factories import encoded, entry_id, wait_until
+from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
@@ -32,6 +32,7 @@ async def store(streams_redis: Redis) -> RedisLuaStateStore:
     await streams_redis.set(EPOCH, 1)
     return RedisLuaStateStore(
         streams_redis,
+        families=FAMILIES,
         group=GROUP,
         state_ttl_s=STATE_TTL_S,
         markers_ttl_s=MARKERS_TTL_S,
@@ -301,6 +302,7 @@ class TestHistoryBytes:
         await streams_redis.set(EPOCH, 1)
         return RedisLuaStateStore(
             streams_redis,
+            families=FAMILIES,
             group=GROUP,
             state_ttl_s=STATE_TTL_S,
             markers_ttl_s=MARKERS_TTL_S,

@@ -115,6 +115,10 @@ class TestEndToEnd:
             return await redis.xlen(family.dead_letter_stream) == 1
 
         await eventually(dead_lettered, what="the malformed entry dead-lettered")
+        env = worker_env(topology_url, topology_url)
+        shown = await eco_router(env, "state", "--json", "--domain", "scan", job)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert json.loads(shown.stdout)["state"]["seq"] == 51
 
 
 class TestPlacementOnTheCluster:

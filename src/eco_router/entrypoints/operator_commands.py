@@ -160,6 +160,7 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
     async with streams_client(settings) as client:
         store = RedisLuaStateStore(
             client,
+            families=settings.streams,
             group=settings.consumer_group,
             state_ttl_s=settings.state_ttl_s,
             markers_ttl_s=settings.published_ttl_s,

@@ -29,12 +29,12 @@ class RedisLuaStateStore(StateStore):
         self,
         redis: RedisClient,
         *,
+        families: Sequence[StreamFamily],
         group: str,
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
-        families: Sequence[StreamFamily] = (),
         replica_wait: ReplicaWait | None = None,
     ) -> None:
         self._redis = redis
@@ -93,6 +93,7 @@ class RedisLuaStateStore(StateStore):
 
     async def view(self, domain: str, job_id: str) -> JobView:
         family = self._families.get(domain)
+        # A domain no family has has no state; its plain key names find none either.
         job = JobKeys.in_family(family, job_id) if family else JobKeys.of(domain, job_id)
         with redis_errors("read job view"):
             async with self._redis.pipeline(transaction=False) as pipe:
