@@ -1,0 +1,134 @@
+"""The streams-side port contracts on Redis Sentinel and on a 3-master Redis Cluster, exactly
+as on one server: the same tests, on a Sentinel group's master (plain names) and on the
+cluster (hash-tagged names, one slot per shard, spread over the masters)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.testing import ClusterGroup, SentinelGroup
+from tests.contracts.factories import FAMILIES, TAGGED_FAMILIES
+from tests.integration.test_console_contracts_redis import (
+    TestRedisDeadLetterArchive,
+    TestRedisShardProgress,
+)
+from tests.integration.test_contracts_redis import (
+    TestRedisLeaseStore,
+    TestRedisLuaStateStore,
+    TestRedisStreamDeadLetterSink,
+    TestRedisStreamEventSource,
+)
+from tests.integration.topology_fixtures import Shared
+
+
+class _Cut:
+    """Stops a whole group (every data node) for the tests that cut the server."""
+
+    def __init__(
+        self,
+        group: SentinelGroup | ClusterGroup,
+        shared: Shared[SentinelGroup] | Shared[ClusterGroup],
+    ) -> None:
+        self._group = group
+        self._shared = shared
+
+    def stop(self) -> None:
+        self._shared.broken = True
+        servers = (
+            self._group.nodes if isinstance(self._group, ClusterGroup) else self._group.servers
+        )
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+async def cluster_redis(redis_cluster: ClusterGroup) -> AsyncIterator[RedisClient]:
+    client = async_redis_client(redis_cluster.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def sentinel_redis(sentinel_group: SentinelGroup) -> AsyncIterator[RedisClient]:
+    client = async_redis_client(sentinel_group.url)
+    yield client
+    await client.aclose()
+
+
+class OnCluster:
+    families = TAGGED_FAMILIES
+
+    @pytest.fixture(autouse=True)
+    def _backend(
+        self,
+        redis_cluster: ClusterGroup,
+        shared_cluster: Shared[ClusterGroup],
+        cluster_redis: RedisClient,
+    ) -> None:
+        self.redis = cluster_redis  # type: ignore[assignment]
+        self.server = _Cut(redis_cluster, shared_cluster)  # type: ignore[assignment]
+
+
+class OnSentinel:
+    families = FAMILIES
+
+    @pytest.fixture(autouse=True)
+    def _backend(
+        self,
+        sentinel_group: SentinelGroup,
+        shared_sentinel: Shared[SentinelGroup],
+        sentinel_redis: RedisClient,
+    ) -> None:
+        self.redis = sentinel_redis  # type: ignore[assignment]
+        self.server = _Cut(sentinel_group, shared_sentinel)  # type: ignore[assignment]
+
+
+class TestEventSourceOnCluster(OnCluster, TestRedisStreamEventSource):
+    pass
+
+
+class TestStateStoreOnCluster(OnCluster, TestRedisLuaStateStore):
+    pass
+
+
+class TestDeadLetterSinkOnCluster(OnCluster, TestRedisStreamDeadLetterSink):
+    pass
+
+
+class TestLeaseStoreOnCluster(OnCluster, TestRedisLeaseStore):
+    pass
+
+
+class TestDeadLetterArchiveOnCluster(OnCluster, TestRedisDeadLetterArchive):
+    pass
+
+
+class TestShardProgressOnCluster(OnCluster, TestRedisShardProgress):
+    pass
+
+
+class TestEventSourceThroughSentinel(OnSentinel, TestRedisStreamEventSource):
+    pass
+
+
+class TestStateStoreThroughSentinel(OnSentinel, TestRedisLuaStateStore):
+    pass
+
+
+class TestDeadLetterSinkThroughSentinel(OnSentinel, TestRedisStreamDeadLetterSink):
+    pass
+
+
+class TestLeaseStoreThroughSentinel(OnSentinel, TestRedisLeaseStore):
+    pass
+
+
+class TestDeadLetterArchiveThroughSentinel(OnSentinel, TestRedisDeadLetterArchive):
+    pass
+
+
+class TestShardProgressThroughSentinel(OnSentinel, TestRedisShardProgress):
+    pass
