@@ -29,6 +29,7 @@ from tests.integration.test_gateway import (
     new_job,
     publish,
 )
+from tests.integration.topology_fixtures import Shared
 
 PRODUCER = producer_config(domain="scan", shards=4)
 
@@ -146,3 +147,45 @@ class TestPlacementOnTheCluster:
         assert re.search(
             r"shards on the cluster: scan:events:\{\d+\}:0 on 127\.0\.0\.1:\d+", worker.log()
         )
+
+
+class TestNoMasterReachable:
+    async def test_readiness_says_so_and_routing_resumes_when_the_master_is_back(
+        self, sentinel_group: SentinelGroup, shared_sentinel: Shared[SentinelGroup], tmp_path: Path
+    ) -> None:
+        url = sentinel_group.url
+        workers = Workers(tmp_path, streams_url=url, pubsub_url=url)
+        publisher = connect_async(url, PRODUCER)
+        try:
+            worker = await workers.start()
+            shared_sentinel.broken = True
+            data_nodes = sentinel_group.servers
+            for server in data_nodes:
+                server.stop()
+
+            async def unready() -> str | None:
+                response = await worker.get("/ready")
+                return response.text if response.status_code == 503 else None
+
+            checks = json.loads(await eventually(unready, what="the worker unready"))["checks"]
+            # The sentinels still name the dead master: nothing answers at its address.
+            assert checks["streams"].startswith("unreachable: PING streams server"), checks
+            assert checks["pubsub"].startswith("unreachable: PING Pub/Sub server"), checks
+
+            for server in data_nodes:
+                server.start()
+
+            async def ready() -> bool:
+                return (await worker.get("/ready")).status_code == 200
+
+            await eventually(ready, timeout_s=30, what="the worker ready again")
+            client = async_redis_client(url)
+            try:
+                job = new_job("back")
+                await publish(publisher, job, 0)
+                state = await eventually(lambda: client.get(f"scan:state:{job}"), timeout_s=30)
+                assert json.loads(state)["seq"] == 0
+            finally:
+                await client.aclose()
+        finally:
+            workers.kill_all()
