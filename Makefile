@@ -57,9 +57,10 @@ run: venv
 worker: venv
 	$(BIN)/eco-router worker
 
-# QUICK=1: smaller backlogs and one round, about a minute.
+# QUICK=1: smaller backlogs and fewer rounds, about a minute and a half. ONLY=topologies runs
+# the topology comparison (standalone, Sentinel, Cluster) alone.
 bench: venv redis-server
-	$(BIN)/python -m bench.router_bench $(if $(QUICK),--quick)
+	$(BIN)/python -m bench.router_bench $(if $(QUICK),--quick) $(if $(ONLY),--only $(ONLY))
 
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench

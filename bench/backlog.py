@@ -5,6 +5,11 @@ are and however long they take to start. So the backlog is written before the ro
 with the consumer group created at its end, and each shard's last entry held back. Once the
 routers read (their groups exist, their leases are settled), one MULTI moves the group back to
 the start of every shard and adds the held-back entries, which wakes every blocked read.
+
+On a Redis Cluster the shards are hash-tagged (`StreamFamily(..., tagged=True)`, as the routers
+name them on a cluster URL) and live on several nodes: the client is a `RedisCluster`, whose
+pipelines split by node, and the gate is one pipeline sent to every node at once instead of a
+MULTI (a transaction cannot span slots).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+import redis.cluster
 
 from eco_router.domain.streams import StreamFamily, shard_for
 
@@ -29,6 +35,8 @@ FILL_PIPELINE = 1_000
 STAGES = ("fetch", "resolve", "scan", "analyze", "report")
 
 Entry = tuple[str, dict[str, str]]
+# What the helpers below write and probe through: one server, or a cluster's client.
+Client = redis.Redis | redis.cluster.RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +49,9 @@ class Workload:
     late: int
 
 
-def make_workload(events: int, jobs: int, seed: int) -> Workload:
-    """`events` entries for `jobs` jobs: queued, running, progress..., done (with result JSON).
+def make_workload(events: int, jobs: int, seed: int, family: StreamFamily = FAMILY) -> Workload:
+    """`events` entries for `jobs` jobs: queued, running, progress..., done (with result JSON),
+    each on its job's shard of `family` (the same entries for any family of the same seed).
 
     Jobs run concurrently (their events interleave at random, each job's own in seq order).
     ~5% of entries are retries (an entry added again, same job/seq/fields, a little later);
@@ -55,7 +64,7 @@ def make_workload(events: int, jobs: int, seed: int) -> Workload:
         raise SystemExit(f"{events} events are too few for {jobs} jobs (3+ events per job)")
     job_ids = [f"scan-{i:06d}-{rng.getrandbits(32):08x}" for i in range(jobs)]
     per_job = [base // jobs + (1 if i < base % jobs else 0) for i in range(jobs)]
-    streams = [stream_of(job_id) for job_id in job_ids]
+    streams = [family.stream_for(job_id) for job_id in job_ids]
     started_ms = int(time.time() * 1000) - 600_000
 
     # Jobs interleave at random; the key of each event is its place in the global order.
@@ -138,8 +147,9 @@ class HiddenBacklog:
     fill_s: float
 
 
-def fill_hidden(client: redis.Redis, workload: Workload) -> HiddenBacklog:
-    """XADD all but each shard's last entry, then create the group at the end of every shard."""
+def fill_hidden(client: Client, workload: Workload, family: StreamFamily = FAMILY) -> HiddenBacklog:
+    """XADD all but each shard's last entry, then create the group at the end of every shard
+    of `family` (the family the workload was made for)."""
     last_of = {stream: i for i, (stream, _) in enumerate(workload.entries)}
     held = set(last_of.values())
     started = time.perf_counter()
@@ -147,7 +157,7 @@ def fill_hidden(client: redis.Redis, workload: Workload) -> HiddenBacklog:
     _xadd(client, written)
     added = Counter(stream for stream, _ in written)
     pipe = client.pipeline(transaction=False)
-    for stream in FAMILY.streams:
+    for stream in family.streams:
         # ENTRIESREAD makes the lag known (0) at once, as if the group had read everything.
         pipe.xgroup_create(stream, GROUP, id="$", mkstream=True, entries_read=added[stream])
     pipe.execute()
@@ -158,10 +168,15 @@ def fill_hidden(client: redis.Redis, workload: Workload) -> HiddenBacklog:
     )
 
 
-def open_gate(client: redis.Redis, backlog: HiddenBacklog) -> float:
-    """Show the whole backlog to the group at once; the monotonic time just before."""
-    pipe = client.pipeline(transaction=True)
-    for stream in FAMILY.streams:
+def open_gate(client: Client, backlog: HiddenBacklog, family: StreamFamily = FAMILY) -> float:
+    """Show the whole backlog to the group at once; the monotonic time just before.
+
+    On a cluster, each node gets its shards' commands in order on one connection, written to
+    every node before any reply is read: not atomic across nodes, but no node waits for another.
+    """
+    cluster = isinstance(client, redis.cluster.RedisCluster)
+    pipe = client.pipeline(transaction=not cluster)
+    for stream in family.streams:
         pipe.xgroup_setid(stream, GROUP, id="0", entries_read=0)
     for stream, fields in backlog.held_back.items():
         pipe.xadd(stream, fields)  # type: ignore[arg-type]
@@ -170,7 +185,7 @@ def open_gate(client: redis.Redis, backlog: HiddenBacklog) -> float:
     return opened
 
 
-def _xadd(client: redis.Redis, entries: Sequence[Entry]) -> None:
+def _xadd(client: Client, entries: Sequence[Entry]) -> None:
     for start in range(0, len(entries), FILL_PIPELINE):
         pipe = client.pipeline(transaction=False)
         for stream, fields in entries[start : start + FILL_PIPELINE]:
@@ -195,9 +210,9 @@ class GroupState:
         return self.exists and self.lag == 0 and self.pending == 0
 
 
-def group_state(client: redis.Redis) -> GroupState:
+def group_state(client: Client, family: StreamFamily = FAMILY) -> GroupState:
     pipe = client.pipeline(transaction=False)
-    for stream in FAMILY.streams:
+    for stream in family.streams:
         pipe.xinfo_groups(stream)
     replies = pipe.execute(raise_on_error=False)
     state = GroupState(exists=True, entries_read=0, lag=0, pending=0)

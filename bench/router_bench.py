@@ -17,6 +17,9 @@ alike.
 3. Batching: the worker next to `bench/one_at_a_time.py`, a naive router that reads,
    applies, publishes and acks one event at a time (smaller backlog, bounded paced run), and,
    as a secondary figure, the worker at EVENT_ROUTER_READ_COUNT=1.
+4. Topologies: one router draining the same backlog on one server, a Sentinel group and a
+   3-master Redis Cluster: events/s, CPU per event of every master and replica, balance.
+   `--only topologies` runs this section alone.
 
 Throughput: the four `scan:events` shards are pre-filled with a realistic mix (retried
 duplicates, late events) out of the group's sight; once every router reads, the whole backlog
@@ -40,7 +43,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median_low
-from typing import Any
+from typing import Any, TypeVar
 
 import hiredis
 import orjson
@@ -58,11 +61,23 @@ from bench.backlog import (
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
+from bench.redis_probes import POLL_INTERVAL_S, command_usec, redis_cpu_seconds, watch_drain
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, ms, percentile, run_benchmark, step
 from bench.router_process import RouterProcess
 from bench.routers import BATCHED_READ_COUNT, RouterKind, wait_until_reading
+from bench.topologies import TOPOLOGIES, Topology
+from bench.topology_drain import DEFINITIONS as TOPOLOGY_DEFINITIONS
+from bench.topology_drain import (
+    TopologyDrain,
+    comparison,
+    measure_topology_drain,
+    median_topology_drain,
+)
+from bench.topology_drain import print_section as print_topology_section
 from eco_router.testing import RedisServer
+
+T = TypeVar("T")
 
 CHANNEL_PATTERN = "sse:events:*"
 RESULTS_PATH = RESULTS_DIR / "router.json"
@@ -71,8 +86,6 @@ ORDER_WAIT_SETTING = "EVENT_ROUTER_ORDER_WAIT_MS"
 # The columns that drain the smaller backlog and run the shorter paced run.
 SMALLER_RUNS = frozenset({"naive", "read_count_1"})
 
-POLL_INTERVAL_S = 0.01
-DRAIN_TIMEOUT_S = 120.0
 # The commands the apply scripts call; commandstats counts them inside EVALSHA's time too.
 SCRIPT_COMMANDS = frozenset({"hmget", "hset", "rpush", "set", "ltrim", "expire"})
 
@@ -87,6 +100,8 @@ FULL = {
     "baseline_events": 5_000,
     "baseline_seconds": 2.0,
     "baseline_wait_after": 3.0,
+    "topology_events": 20_000,
+    "topology_repeats": 5,
 }
 QUICK = {
     "events": 5_000,
@@ -98,6 +113,10 @@ QUICK = {
     "baseline_events": 2_000,
     "baseline_seconds": 1.0,
     "baseline_wait_after": 2.0,
+    # A 5,000-event drain takes ~0.2 s, too close to the 10 ms drain poll; three rounds give
+    # a median where one gives a sample.
+    "topology_events": 10_000,
+    "topology_repeats": 3,
 }
 
 
@@ -168,20 +187,6 @@ def running(
         ]
 
 
-# --------------------------------------------------------------------------- Redis probes
-
-
-def redis_cpu_seconds(client: redis.Redis) -> float:
-    info: dict[str, Any] = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
-def command_usec(client: redis.Redis) -> dict[str, int]:
-    """Server-side microseconds per command since the last CONFIG RESETSTAT."""
-    stats: dict[str, Any] = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(s["usec"]) for name, s in stats.items()}
-
-
 # --------------------------------------------------------------------------- throughput
 
 
@@ -231,7 +236,7 @@ def measure_throughput(
             pubsub_cpu_before = redis_cpu_seconds(pubsub_client)
             router_cpu_before = sum(r.cpu_seconds() for r in routers)
             opened_at = open_gate(client, backlog)
-            drained_at = _watch_drain(client, routers, backlog.events)
+            drained_at = watch_drain(client, routers, backlog.events)
             router_cpu = sum(r.cpu_seconds() for r in routers) - router_cpu_before
             cpu_after = redis_cpu_seconds(client)
             pubsub_cpu_seconds = redis_cpu_seconds(pubsub_client) - pubsub_cpu_before
@@ -275,24 +280,6 @@ def measure_throughput(
             if name not in ("config|resetstat", "info")
         },
     )
-
-
-def _watch_drain(client: redis.Redis, routers: Sequence[RouterProcess], events: int) -> float:
-    """Poll XINFO GROUPS until no shard has lag or pending entries; the monotonic time then."""
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    while True:
-        state = group_state(client)
-        now = time.monotonic()
-        if state.drained:
-            return now
-        for router in routers:
-            router.check_alive()
-        if now > deadline:
-            raise RuntimeError(
-                f"not drained after {DRAIN_TIMEOUT_S}s: lag {state.lag}, pending {state.pending} "
-                f"of {events}"
-            )
-        time.sleep(POLL_INTERVAL_S)
 
 
 # --------------------------------------------------------------------------- latency
@@ -486,6 +473,8 @@ class Report:
     # Per column key (RouterKind.key): the medians over the rounds.
     throughput: dict[str, Throughput]
     latency: dict[str, Latency]
+    # Section 4, per topology key: the medians over the rounds.
+    topologies: dict[str, TopologyDrain] = field(default_factory=dict)
     ratios: dict[str, float] = field(default_factory=dict)
     definitions: dict[str, str] = field(default_factory=dict)
 
@@ -544,7 +533,9 @@ def run(args: argparse.Namespace) -> Report:
     with ExitStack() as stack:
         baseline: BaselineSource | None = None
         skipped: str | None = None
-        if args.baseline_ref.lower() == "none":
+        if args.only == "topologies":
+            skipped = "--only topologies"
+        elif args.baseline_ref.lower() == "none":
             skipped = "--baseline-ref none"
         else:
             try:
@@ -572,10 +563,13 @@ def run(args: argparse.Namespace) -> Report:
             },
             throughput={},
             latency={},
-            definitions=DEFINITIONS,
+            definitions={**DEFINITIONS, **TOPOLOGY_DEFINITIONS},
         )
-        _measure(args, columns, report)
-        report.ratios = _ratios(report)
+        if args.only != "topologies":
+            _measure(args, columns, report)
+        if not args.skip_topologies:
+            _measure_topologies(args, report)
+        report.ratios = {**_ratios(report), **comparison(report.topologies)}
         return report
 
 
@@ -650,7 +644,52 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
         report.latency = {key: _median_latency(runs) for key, runs in paced.items()}
 
 
-def _rotated(kinds: Sequence[RouterKind], round_: int) -> list[RouterKind]:
+def _measure_topologies(args: argparse.Namespace, report: Report) -> None:
+    """Section 4: the topologies' drains, interleaved over `args.topology_repeats` rounds, each on a
+    fresh topology and a fresh Pub/Sub server."""
+    kind = RouterKind(
+        "topology",
+        "leases (this tree)",
+        BATCHED_READ_COUNT,
+        settings=(("EVENT_ROUTER_STREAMS", f"{FAMILY.prefix}={args.topology_shards}"),),
+    )
+    workloads: dict[bool, Workload] = {}
+    step(
+        "topologies",
+        f"{len(TOPOLOGIES)} columns x {args.topology_repeats} interleaved round(s): "
+        + ", ".join(t.title for t in TOPOLOGIES),
+    )
+    drains: dict[str, list[TopologyDrain]] = {t.key: [] for t in TOPOLOGIES}
+    for round_ in range(1, args.topology_repeats + 1):
+        for topology_class in _rotated(TOPOLOGIES, round_):
+            topology: Topology = topology_class(args.topology_shards)
+            family = topology.family
+            if family.tagged not in workloads:
+                # The same entries for both layouts; only the shard names differ.
+                workloads[family.tagged] = make_workload(
+                    args.topology_events, args.jobs, args.seed, family
+                )
+            with topology, RedisServer() as pubsub:
+                if report.environment["redis_server"] is None:
+                    with redis.Redis.from_url(pubsub.url) as probe:
+                        report.environment["redis_server"] = probe.info("server")["redis_version"]
+                drain = measure_topology_drain(
+                    topology, pubsub, kind=kind, workload=workloads[family.tagged]
+                )
+            drains[topology.key].append(drain)
+            balance = (
+                "" if drain.master_balance is None else f", balance {drain.master_balance:.2f}"
+            )
+            step(
+                f"round {round_}/{args.topology_repeats}",
+                f"{topology.title}: {drain.events:,} events in {drain.drain_s:.2f} s, "
+                f"{drain.events_per_s:,.0f} ev/s, masters {drain.masters_cpu_us_per_event:.1f} "
+                f"us/event{balance}",
+            )
+    report.topologies = {key: median_topology_drain(runs) for key, runs in drains.items()}
+
+
+def _rotated(kinds: Sequence[T], round_: int) -> list[T]:
     """The columns in the order of round `round_`: each round starts one column later, so no
     column always runs first (on a freshly started server) or last."""
     start = (round_ - 1) % len(kinds)
@@ -682,6 +721,11 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_wait_after": args.baseline_wait_after,
         "batched_read_count": BATCHED_READ_COUNT,
         "shards": FAMILY.shards,
+        "only": args.only,
+        "skip_topologies": args.skip_topologies,
+        "topology_events": args.topology_events,
+        "topology_repeats": args.topology_repeats,
+        "topology_shards": args.topology_shards,
         "seed": args.seed,
     }
 
@@ -809,12 +853,14 @@ def print_report(report: Report) -> None:
         f"{config['repeats']} interleaved drain round(s), {config['latency_repeats']} paced "
         "round(s); each figure is its column's median over the rounds"
     )
-    _print_order_section(report)
-    _print_scaling_section(report)
-    _print_batching_section(report)
-    print("streams redis server time per event by command (INFO commandstats, us):")
-    for drain in t.values():
-        print(f"  {drain.router}: {_command_breakdown(drain.redis_usec_per_event_by_command)}")
+    if t:
+        _print_order_section(report)
+        _print_scaling_section(report)
+        _print_batching_section(report)
+        print("streams redis server time per event by command (INFO commandstats, us):")
+        for drain in t.values():
+            print(f"  {drain.router}: {_command_breakdown(drain.redis_usec_per_event_by_command)}")
+    print_topology_section(4, report.topologies, label_width=LABEL_WIDTH, column_width=COLUMN_WIDTH)
     print("definitions:")
     for name, definition in report.definitions.items():
         print(f"  {name}: {definition}")
@@ -1013,6 +1059,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-rate", type=int, default=None, help="default: --rate")
     sized("baseline_seconds", float, "naive and READ_COUNT=1 paced run length, s")
     sized("baseline_wait_after", float, "naive and READ_COUNT=1: wait after the producer, s")
+    parser.add_argument(
+        "--only",
+        choices=("topologies",),
+        default=None,
+        help="run one section alone: topologies (section 4)",
+    )
+    parser.add_argument(
+        "--skip-topologies", action="store_true", help="skip section 4 (the topologies)"
+    )
+    sized("topology_events", int, "topologies' backlog")
+    sized("topology_repeats", int, "interleaved topology rounds, the median run reported")
+    parser.add_argument(
+        "--topology-shards",
+        type=int,
+        default=FAMILY.shards,
+        help=f"shards of the topologies' backlog and router (default {FAMILY.shards})",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
@@ -1023,6 +1086,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.baseline_rate = args.rate
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.only == "topologies" and args.skip_topologies:
+        parser.error("--only topologies and --skip-topologies exclude each other")
+    if args.topology_repeats < 1:
+        parser.error("--topology-repeats must be at least 1")
+    if args.topology_shards < 1:
+        parser.error("--topology-shards must be at least 1")
     return args
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import orjson
 import redis
 
-from bench.backlog import FAMILY, GROUP, text
+from bench.backlog import FAMILY, GROUP, Client, text
 from bench.baseline_source import BaselineSource
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from eco_router.adapters.redis.keys import GroupKeys
+from eco_router.domain.streams import StreamFamily
 
 BATCHED_READ_COUNT = 100
 LISTEN, ESTABLISHED = "0A", "01"
@@ -46,18 +47,16 @@ class Worker(RouterProcess):
         source: BaselineSource | None = None,
         settings: Mapping[str, str] | None = None,
     ) -> None:
-        env = eco_router_env(
-            streams_url,
-            pubsub_url,
-            EVENT_ROUTER_STREAMS=f"{FAMILY.prefix}={FAMILY.shards}",
-            EVENT_ROUTER_CONSUMER_GROUP=GROUP,
-            EVENT_ROUTER_CONSUMER_NAME=name,
-            EVENT_ROUTER_READ_COUNT=str(read_count),
-            EVENT_ROUTER_HTTP_HOST="127.0.0.1",
-            EVENT_ROUTER_HTTP_PORT="0",
-            EVENT_ROUTER_LOG_LEVEL="WARNING",
-            **(settings or {}),
-        )
+        defaults = {
+            "EVENT_ROUTER_STREAMS": f"{FAMILY.prefix}={FAMILY.shards}",
+            "EVENT_ROUTER_CONSUMER_GROUP": GROUP,
+            "EVENT_ROUTER_CONSUMER_NAME": name,
+            "EVENT_ROUTER_READ_COUNT": str(read_count),
+            "EVENT_ROUTER_HTTP_HOST": "127.0.0.1",
+            "EVENT_ROUTER_HTTP_PORT": "0",
+            "EVENT_ROUTER_LOG_LEVEL": "WARNING",
+        }
+        env = eco_router_env(streams_url, pubsub_url, **{**defaults, **(settings or {})})
         if source is None:
             command = eco_router_command("worker")
         else:
@@ -160,20 +159,30 @@ class RouterKind:
         return [f"bench-{phase}-{slug}-{n}" for n in range(1, self.routers + 1)]
 
 
-def wait_until_reading(client: redis.Redis, routers: Sequence[RouterProcess]) -> dict[str, int]:
-    """Until every router reads its share of the shards; then how many each holds.
+def wait_until_reading(
+    client: Client,
+    routers: Sequence[RouterProcess],
+    *,
+    family: StreamFamily = FAMILY,
+    servers: Sequence[redis.Redis] | None = None,
+) -> dict[str, int]:
+    """Until every router reads its share of the shards of `family`; then how many each holds.
 
-    A router reads once one of its connections to the streams server last sent a read (the
-    worker's wait for appends, or a blocking XREADGROUP). Several routers read once, besides,
-    each shard's lease has an owner, the owners are balanced (no router holds two more than
-    another) and every owner reads; standbys hold none.
+    A router reads once one of its connections to a streams server (`servers`, each a client
+    of one node; by default `client`, one server) last sent a read (the worker's wait for
+    appends, or a blocking XREADGROUP). Several routers read once, besides, each shard's
+    lease has an owner, the owners are balanced (no router holds two more than another) and
+    every owner reads; standbys hold none.
     """
     deadline = time.monotonic() + READY_TIMEOUT_S
     names = [r.name for r in routers]
+    if servers is None:
+        assert isinstance(client, redis.Redis), "a cluster's nodes must be given as servers"
+        servers = [client]
     while True:
         for router in routers:
             router.check_alive()
-        held = _shards_read(client, routers)
+        held = _shards_read(client, routers, family, servers)
         if held is not None:
             return held
         if time.monotonic() > deadline:
@@ -181,11 +190,16 @@ def wait_until_reading(client: redis.Redis, routers: Sequence[RouterProcess]) ->
         time.sleep(READY_POLL_S)
 
 
-def _shards_read(client: redis.Redis, routers: Sequence[RouterProcess]) -> dict[str, int] | None:
-    reading = _reading(client, routers)
+def _shards_read(
+    client: Client,
+    routers: Sequence[RouterProcess],
+    family: StreamFamily,
+    servers: Sequence[redis.Redis],
+) -> dict[str, int] | None:
+    reading = _reading(servers, routers)
     if len(routers) == 1:
-        return {reading.pop(): FAMILY.shards} if reading else None
-    owners = Counter(lease_owners(client).values())
+        return {reading.pop(): family.shards} if reading else None
+    owners = Counter(lease_owners(client, family).values())
     if None in owners or any(owner not in reading for owner in owners):
         return None
     counts = [owners.get(r.name, 0) for r in routers]
@@ -194,24 +208,25 @@ def _shards_read(client: redis.Redis, routers: Sequence[RouterProcess]) -> dict[
     return {r.name: n for r, n in zip(routers, counts, strict=True)}
 
 
-def _reading(client: redis.Redis, routers: Sequence[RouterProcess]) -> set[str]:
-    """The routers with a connection whose last command was a read."""
-    last_command = {int(c["addr"].rpartition(":")[2]): c["cmd"] for c in client.client_list()}
-    return {
-        router.name
-        for router in routers
-        if any(last_command.get(port) in READ_COMMANDS for port in router.tcp_ports(ESTABLISHED))
+def _reading(servers: Sequence[redis.Redis], routers: Sequence[RouterProcess]) -> set[str]:
+    """The routers with a connection to one of `servers` whose last command was a read."""
+    reading_ports = {
+        int(c["addr"].rpartition(":")[2])
+        for server in servers
+        for c in server.client_list()
+        if c["cmd"] in READ_COMMANDS
     }
+    return {router.name for router in routers if router.tcp_ports(ESTABLISHED) & reading_ports}
 
 
-def lease_owners(client: redis.Redis) -> dict[str, str | None]:
+def lease_owners(client: Client, family: StreamFamily = FAMILY) -> dict[str, str | None]:
     """Who holds each shard's lease (None: nobody)."""
     keys = GroupKeys(GROUP)
     pipe = client.pipeline(transaction=False)
-    for stream in FAMILY.streams:
+    for stream in family.streams:
         pipe.hget(keys.lease(stream), "owner")
     replies = pipe.execute()
     return {
         stream: None if owner is None else text(owner)
-        for stream, owner in zip(FAMILY.streams, replies, strict=True)
+        for stream, owner in zip(family.streams, replies, strict=True)
     }
