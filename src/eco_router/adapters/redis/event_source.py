@@ -13,7 +13,7 @@ from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.slots import by_slot
+from eco_router.adapters.redis.slots import by_slot, on_node_of
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
@@ -158,7 +158,12 @@ class RedisStreamEventSource(EventSource):
                     )
                 else:
                     for stream in after:
-                        pipe.xreadgroup(self._group, self._consumer, {stream: ">"}, count=count)
+                        pipe.execute_command(
+                            "XREADGROUP",
+                            *("GROUP", self._group, self._consumer, "COUNT", count),
+                            *("STREAMS", stream, ">"),
+                            **on_node_of(self._redis, stream),
+                        )
                 for stream, last in after.items():
                     pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
@@ -187,7 +192,11 @@ class RedisStreamEventSource(EventSource):
             return
 
     async def _wait(self, marks: Mapping[str, str], block_ms: int) -> None:
-        await self._redis.xread(dict(marks), count=1, block=block_ms)  # type: ignore[arg-type]
+        args: list[str | int] = ["COUNT", 1, "BLOCK", block_ms, "STREAMS", *marks]
+        args += marks.values()
+        await self._redis.execute_command(
+            "XREAD", *args, **on_node_of(self._redis, next(iter(marks)))
+        )
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int

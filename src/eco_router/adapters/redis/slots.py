@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 
@@ -43,3 +43,12 @@ def nodes_of(client: object, streams: Iterable[str]) -> dict[str, str]:
         if node is not None:
             placed[stream] = node.name
     return placed
+
+
+def on_node_of(client: object, key: str) -> dict[str, Any]:
+    """For a cluster client, the node owning `key`'s slot as the command's target: XREAD and
+    XREADGROUP have keys a cluster client can only find by asking a server (COMMAND GETKEYS,
+    a round trip before every call). Nothing for other clients."""
+    if not isinstance(client, RedisCluster):
+        return {}
+    return {"target_nodes": client.get_node_from_key(key)}
