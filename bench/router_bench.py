@@ -31,6 +31,7 @@ payload; latency = receive time - entry id time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -673,8 +674,11 @@ def _measure_topologies(args: argparse.Namespace, report: Report) -> None:
                 if report.environment["redis_server"] is None:
                     with redis.Redis.from_url(pubsub.url) as probe:
                         report.environment["redis_server"] = probe.info("server")["redis_version"]
+                column = dataclasses.replace(
+                    kind, settings=(*kind.settings, *topology.router_settings)
+                )
                 drain = measure_topology_drain(
-                    topology, pubsub, kind=kind, workload=workloads[family.tagged]
+                    topology, pubsub, kind=column, workload=workloads[family.tagged]
                 )
             drains[topology.key].append(drain)
             balance = (

@@ -33,6 +33,8 @@ class Topology:
     key: ClassVar[str]
     title: ClassVar[str]
     tagged: ClassVar[bool] = False
+    # Router settings of this column beyond the shared ones (the durability knob).
+    router_settings: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, shards: int = FAMILY.shards) -> None:
         self.family = StreamFamily(FAMILY.prefix, shards, tagged=self.tagged)
@@ -153,7 +155,29 @@ class Cluster(Topology):
         self._group.stop()
 
 
-TOPOLOGIES: tuple[type[Topology], ...] = (Standalone, Sentinel, Cluster)
+class SentinelWaiting(Sentinel):
+    """The Sentinel group, the router waiting for its replica before each publish."""
+
+    key = "sentinel-wait"
+    title = "sentinel, WAIT 1"
+    router_settings = (("EVENT_ROUTER_WAIT_REPLICAS", "1"),)
+
+
+class ClusterWaiting(Cluster):
+    """The cluster, the router waiting for each slot's replica before each publish."""
+
+    key = "cluster-wait"
+    title = "cluster, WAIT 1"
+    router_settings = (("EVENT_ROUTER_WAIT_REPLICAS", "1"),)
+
+
+TOPOLOGIES: tuple[type[Topology], ...] = (
+    Standalone,
+    Sentinel,
+    Cluster,
+    SentinelWaiting,
+    ClusterWaiting,
+)
 
 
 def node_client(server: RedisServer) -> redis.Redis:

@@ -232,11 +232,9 @@ def comparison(drains: dict[str, TopologyDrain]) -> dict[str, float]:
     """Throughput and masters' CPU per event of the Sentinel group and the cluster over the
     standalone server's, and of the cluster over the Sentinel group's (both replicated)."""
     ratios: dict[str, float] = {}
-    for key, base_key in (
-        ("sentinel", "standalone"),
-        ("cluster", "standalone"),
-        ("cluster", "sentinel"),
-    ):
+    pairs = [(key, "standalone") for key in drains if key != "standalone"]
+    pairs += [("cluster", "sentinel"), ("sentinel-wait", "sentinel"), ("cluster-wait", "cluster")]
+    for key, base_key in pairs:
         if key not in drains or base_key not in drains:
             continue
         drain, base = drains[key], drains[base_key]
@@ -299,6 +297,14 @@ def print_section(
             f"write): throughput {ratios['throughput_cluster_over_sentinel']:.2f}x; masters' "
             f"CPU per event {(ratios['masters_cpu_cluster_over_sentinel'] - 1) * 100:+.1f} %"
         )
+    for key, base_key in (("sentinel-wait", "sentinel"), ("cluster-wait", "cluster")):
+        if f"throughput_{key}_over_{base_key}" in ratios:
+            print(
+                f"{drains[key].title} vs {drains[base_key].title} (the cost of "
+                f"EVENT_ROUTER_WAIT_REPLICAS=1): throughput "
+                f"{ratios[f'throughput_{key}_over_{base_key}']:.2f}x; masters' CPU per event "
+                f"{(ratios[f'masters_cpu_{key}_over_{base_key}'] - 1) * 100:+.1f} %"
+            )
     print(
         "masters' server time per event by command, summed (INFO commandstats, us; in "
         "brackets calls per 1,000 events):"
