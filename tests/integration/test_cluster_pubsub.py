@@ -19,8 +19,9 @@ from eco_router.adapters.redis.sharded_event_feed import RedisShardedPubSubEvent
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.messages import FeedGap
 from eco_router.application.ports import Broadcaster, EventFeed, GatewayMetrics
+from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import key_slot
-from eco_router.testing import ClusterGroup
+from eco_router.testing import ClusterGroup, resp
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
@@ -200,3 +201,45 @@ async def _publish_until_accepted(broadcaster: Broadcaster, seq: int) -> None:
                 return
             except Exception:
                 await asyncio.sleep(0.2)
+
+
+class TestMovedSlot:
+    async def test_a_viewer_whose_channels_slot_moves_gets_a_gap_then_events_from_the_new_node(
+        self, redis_cluster: ClusterGroup, shared_cluster: Shared[ClusterGroup]
+    ) -> None:
+        async with open_redis(redis_cluster.url, socket_timeout_s=5.0, client_name="t") as redis:
+            assert isinstance(redis, RedisCluster)
+            feed = RedisShardedPubSubEventFeed(
+                redis,
+                channel_prefix="sse:events",
+                decoder=OrjsonEventDecoder(),
+                metrics=InMemoryGatewayMetrics(),
+            )
+            await feed.start()
+            broadcaster = RedisShardedPubSubBroadcaster(redis, channel_prefix="sse:events")
+            try:
+                viewer = await feed.subscribe("scan", "job-1")
+                shared_cluster.broken = True
+                _move_slot(redis_cluster, key_slot("sse:events:job-1"))
+
+                assert isinstance(await viewer.next(10.0), FeedGap)
+                async with asyncio.timeout(15):
+                    seq = 1
+                    while not isinstance(event := await viewer.next(0.2), GatewayEvent):
+                        seq += 1
+                        await _publish_until_accepted(broadcaster, seq)
+                assert event.seq == seq
+                await viewer.close()
+            finally:
+                await feed.stop()
+
+
+def _move_slot(cluster: ClusterGroup, slot: int) -> None:
+    """Hand `slot` (holding no keys) from its master to another one, as a resharding does."""
+    masters = cluster.masters()
+    source = next(m for m in masters if m.serves(slot))
+    target = next(m for m in masters if m is not source)
+    resp.call(target.master.port, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source.node_id)
+    resp.call(source.master.port, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target.node_id)
+    for master in masters:
+        resp.call(master.master.port, "CLUSTER", "SETSLOT", str(slot), "NODE", target.node_id)
