@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -153,41 +154,47 @@ def _flatten(replies: Any) -> list[dict[str, Any]]:
     return list(replies)
 
 
+@asynccontextmanager
+async def sharded_feed(
+    cluster: ClusterGroup, health: FeedHealth
+) -> AsyncIterator[tuple[RedisShardedPubSubEventFeed, Broadcaster]]:
+    """A running sharded feed on the cluster, and a broadcaster with its own client."""
+    async with open_redis(cluster.url, socket_timeout_s=5.0, client_name="t") as redis:
+        assert isinstance(redis, RedisCluster)
+        feed = RedisShardedPubSubEventFeed(
+            redis,
+            channel_prefix="sse:events",
+            decoder=OrjsonEventDecoder(),
+            metrics=InMemoryGatewayMetrics(),
+            health=health,
+        )
+        await feed.start()
+        try:
+            yield feed, RedisShardedPubSubBroadcaster(redis, channel_prefix="sse:events")
+        finally:
+            await feed.stop()
+
+
 class TestFailover:
     async def test_a_viewer_gets_a_gap_notice_and_later_events_after_its_nodes_failover(
         self, redis_cluster: ClusterGroup, shared_cluster: Shared[ClusterGroup]
     ) -> None:
         health = FeedHealth()
-        async with open_redis(redis_cluster.url, socket_timeout_s=5.0, client_name="t") as redis:
-            assert isinstance(redis, RedisCluster)
-            feed = RedisShardedPubSubEventFeed(
-                redis,
-                channel_prefix="sse:events",
-                decoder=OrjsonEventDecoder(),
-                metrics=InMemoryGatewayMetrics(),
-                health=health,
-            )
-            await feed.start()
-            broadcaster = RedisShardedPubSubBroadcaster(redis, channel_prefix="sse:events")
-            try:
-                viewer = await feed.subscribe("scan", "job-1")
-                await broadcaster.publish([encoded(job_id="job-1", seq=1)])
-                assert (await viewer.next(5.0)).seq == 1  # type: ignore[union-attr]
+        async with sharded_feed(redis_cluster, health) as (feed, broadcaster):
+            viewer = await feed.subscribe("scan", "job-1")
+            await broadcaster.publish([encoded(job_id="job-1", seq=1)])
+            assert getattr(await viewer.next(5.0), "seq", None) == 1
 
-                shared_cluster.broken = True
-                old = redis_cluster.master_for_slot(key_slot("sse:events:job-1"))
-                redis_cluster.kill(old)
-                await asyncio.to_thread(redis_cluster.wait_for_failover, old)
+            shared_cluster.broken = True
+            old = redis_cluster.master_for_slot(key_slot("sse:events:job-1"))
+            redis_cluster.kill(old)
+            await asyncio.to_thread(redis_cluster.wait_for_failover, old)
 
-                gap = await viewer.next(15.0)
-                assert isinstance(gap, FeedGap)
-                await _publish_until_accepted(broadcaster, 2)
-                event = await viewer.next(5.0)
-                assert getattr(event, "seq", None) == 2
-                assert health.checks() == {"feed": "ok"}
-                await viewer.close()
-            finally:
-                await feed.stop()
+            assert isinstance(await viewer.next(15.0), FeedGap)
+            await _publish_until_accepted(broadcaster, 2)
+            assert getattr(await viewer.next(5.0), "seq", None) == 2
+            assert health.checks() == {"feed": "ok"}
+            await viewer.close()
 
 
 async def _publish_until_accepted(broadcaster: Broadcaster, seq: int) -> None:
@@ -207,31 +214,19 @@ class TestMovedSlot:
     async def test_a_viewer_whose_channels_slot_moves_gets_a_gap_then_events_from_the_new_node(
         self, redis_cluster: ClusterGroup, shared_cluster: Shared[ClusterGroup]
     ) -> None:
-        async with open_redis(redis_cluster.url, socket_timeout_s=5.0, client_name="t") as redis:
-            assert isinstance(redis, RedisCluster)
-            feed = RedisShardedPubSubEventFeed(
-                redis,
-                channel_prefix="sse:events",
-                decoder=OrjsonEventDecoder(),
-                metrics=InMemoryGatewayMetrics(),
-            )
-            await feed.start()
-            broadcaster = RedisShardedPubSubBroadcaster(redis, channel_prefix="sse:events")
-            try:
-                viewer = await feed.subscribe("scan", "job-1")
-                shared_cluster.broken = True
-                _move_slot(redis_cluster, key_slot("sse:events:job-1"))
+        async with sharded_feed(redis_cluster, FeedHealth()) as (feed, broadcaster):
+            viewer = await feed.subscribe("scan", "job-1")
+            shared_cluster.broken = True
+            _move_slot(redis_cluster, key_slot("sse:events:job-1"))
 
-                assert isinstance(await viewer.next(10.0), FeedGap)
-                async with asyncio.timeout(15):
-                    seq = 1
-                    while not isinstance(event := await viewer.next(0.2), GatewayEvent):
-                        seq += 1
-                        await _publish_until_accepted(broadcaster, seq)
-                assert event.seq == seq
-                await viewer.close()
-            finally:
-                await feed.stop()
+            assert isinstance(await viewer.next(10.0), FeedGap)
+            async with asyncio.timeout(15):
+                seq = 1
+                while not isinstance(event := await viewer.next(0.2), GatewayEvent):
+                    seq += 1
+                    await _publish_until_accepted(broadcaster, seq)
+            assert event.seq == seq
+            await viewer.close()
 
 
 def _move_slot(cluster: ClusterGroup, slot: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TypedDict
 
 from pydantic import SecretStr
 from redis.asyncio.cluster import RedisCluster
@@ -60,6 +61,14 @@ def make_broadcaster(redis: RedisClient, *, channel_prefix: str) -> Broadcaster:
     return RedisPubSubBroadcaster(redis, channel_prefix=channel_prefix)
 
 
+class _FeedOptions(TypedDict):
+    channel_prefix: str
+    decoder: EventDecoder
+    metrics: GatewayMetrics
+    queue_size: int
+    health: FeedHealth
+
+
 @asynccontextmanager
 async def open_event_feed(
     redis: RedisClient,
@@ -72,25 +81,18 @@ async def open_event_feed(
 ) -> AsyncIterator[EventFeed]:
     """The process's one Pub/Sub feed (sharded on a Redis Cluster), its readers running
     while the app runs."""
+    options = _FeedOptions(
+        channel_prefix=channel_prefix,
+        decoder=decoder,
+        metrics=metrics,
+        queue_size=queue_size,
+        health=health,
+    )
     feed: RedisPubSubEventFeed | RedisShardedPubSubEventFeed
     if isinstance(redis, RedisCluster):
-        feed = RedisShardedPubSubEventFeed(
-            redis,
-            channel_prefix=channel_prefix,
-            decoder=decoder,
-            metrics=metrics,
-            queue_size=queue_size,
-            health=health,
-        )
+        feed = RedisShardedPubSubEventFeed(redis, **options)
     else:
-        feed = RedisPubSubEventFeed(
-            redis,
-            channel_prefix=channel_prefix,
-            decoder=decoder,
-            metrics=metrics,
-            queue_size=queue_size,
-            health=health,
-        )
+        feed = RedisPubSubEventFeed(redis, **options)
     await feed.start()
     try:
         yield feed

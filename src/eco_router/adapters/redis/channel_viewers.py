@@ -82,14 +82,16 @@ class ChannelViewers:
             self._confirmed[channel] = asyncio.get_running_loop().create_future()
         return viewer, first
 
-    def confirmation(self, channel: str) -> asyncio.Future[None]:
-        """Done once Redis confirmed the channel's subscription (failed if it could not be)."""
-        found = self._confirmed.get(channel)
-        if found is not None:
-            return found
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+    async def until_confirmed(self, channel: str, timeout_s: float) -> None:
+        """Until Redis confirmed the channel's subscription: only then is every later publish
+        on it delivered to us. `TransientError` if it could not be, or not in time."""
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(confirmed), timeout=timeout_s)
+        except TimeoutError as error:
+            raise TransientError(f"subscribe {channel}: not confirmed in time") from error
 
     def leave(self, viewer: Viewer) -> bool:
         """Forget `viewer`; True when it was its channel's last (to unsubscribe)."""

@@ -11,7 +11,6 @@ from redis.asyncio import Redis
 from eco_router.adapters.redis.channel_viewers import ChannelViewers, Viewer
 from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, redis_errors
 from eco_router.application.backoff import Backoff
-from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     EventDecoder,
@@ -82,12 +81,7 @@ class RedisPubSubEventFeed(EventFeed):
                     with redis_errors(f"subscribe {channel}"):
                         await self._pubsub.subscribe(channel)
                     self._has_channels.set()
-            # Only once Redis confirms is every later publish on the channel delivered to us.
-            confirmed = self._viewers.confirmation(channel)
-            try:
-                await asyncio.wait_for(asyncio.shield(confirmed), timeout=self._confirm_timeout_s)
-            except TimeoutError as error:
-                raise TransientError(f"subscribe {channel}: not confirmed in time") from error
+            await self._viewers.until_confirmed(channel, self._confirm_timeout_s)
         except BaseException:
             await asyncio.shield(self.leave(viewer))
             raise

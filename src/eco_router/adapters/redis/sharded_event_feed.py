@@ -122,12 +122,7 @@ class RedisShardedPubSubEventFeed(EventFeed):
                 async with self._lock:
                     with redis_errors(f"subscribe {channel}"):
                         await self._place(channel)
-            # Only once Redis confirms is every later publish on the channel delivered to us.
-            confirmed = self._viewers.confirmation(channel)
-            try:
-                await asyncio.wait_for(asyncio.shield(confirmed), timeout=self._confirm_timeout_s)
-            except TimeoutError as error:
-                raise TransientError(f"subscribe {channel}: not confirmed in time") from error
+            await self._viewers.until_confirmed(channel, self._confirm_timeout_s)
         except BaseException:
             await asyncio.shield(self.leave(viewer))
             raise
