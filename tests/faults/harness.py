@@ -18,7 +18,6 @@ import os
 import random
 import subprocess
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ from eco_router.adapters.dead_letter_format import read_dead_letter
 from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.adapters.progress_entries import PreparedEntry
 from eco_router.adapters.redis.connection import RedisClient, redis_client
+from eco_router.adapters.redis.errors import closed_under_command
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.publisher import script_arguments
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
@@ -416,7 +416,7 @@ class Load:
         self._bad_slots = self._plan_malformed()
         self._job_rngs = {job: random.Random(self._rng.random()) for job in self.jobs}
         self.errors: list[str] = []
-        # Errors of the client library retried as transient (see `_raised_in_redis_py`).
+        # redis-py's errors on a connection closed under a command, retried as transient.
         self.client_errors: Counter[str] = Counter()
 
     # -- what was written --
@@ -645,20 +645,13 @@ class Load:
                 await asyncio.sleep(0.1)
                 continue
             except AttributeError as error:
-                if not _raised_in_redis_py(error) or time.monotonic() > deadline:
+                # What a producer on a cluster sees in a failover (the SDK passes it on).
+                if not closed_under_command(error) or time.monotonic() > deadline:
                     raise
                 self.client_errors[repr(error)] += 1
                 await asyncio.sleep(0.1)
                 continue
             return reply.decode() if isinstance(reply, bytes) else str(reply)
-
-
-def _raised_in_redis_py(error: BaseException) -> bool:
-    """Whether `error` came from inside redis-py. Its asyncio cluster client closes a node's
-    connections when it learns a new slot map, under commands still using them: those fail
-    with an AttributeError instead of a ConnectionError."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
 
 
 def _flat(fields: Mapping[str, bytes]) -> list[str | bytes]:
