@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from eco_router.testing import RedisServer
+from eco_router.testing import RedisServer, resp
 from tests.faults.harness import FaultRig, Scenario
+
+# Redis Sentinel groups and Redis Clusters, one per module, replaced once a test broke one.
+from tests.integration.topology_fixtures import (
+    redis_cluster,
+    sentinel_group,
+    shared_cluster,
+    shared_sentinel,
+)
+
+__all__ = ["redis_cluster", "sentinel_group", "shared_cluster", "shared_sentinel"]
 
 OpenRig = Callable[..., FaultRig]
 
@@ -44,3 +55,20 @@ def durable_streams_server() -> Iterator[RedisServer]:
     """A streams server with an append-only file, so a restart keeps streams, groups and state."""
     with RedisServer(appendonly=True) as server:
         yield server
+
+
+@pytest.fixture
+def replicated_server() -> Iterator[RedisServer]:
+    """A server with one replica in sync (and no failover): WAIT 1 is answered."""
+    with RedisServer() as master:
+        follow = f"replicaof 127.0.0.1 {master.port}\nrepl-diskless-sync-delay 0\n"
+        with RedisServer(config=follow) as replica:
+            deadline = time.monotonic() + 15
+            while "master_link_status:up" not in _replication(replica):
+                assert time.monotonic() < deadline, "the replica never caught up"
+                time.sleep(0.05)
+            yield master
+
+
+def _replication(server: RedisServer) -> str:
+    return resp.text(resp.call(server.port, "INFO", "replication"))

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import string
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.base import BaseParser
+from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.adapters.redis.errors import TRANSIENT_CODES, is_transient, port_error
+from eco_router.adapters.redis.errors import (
+    TRANSIENT_CODES,
+    is_transient,
+    port_error,
+    redis_errors,
+)
 from eco_router.application.errors import PermanentError, TransientError
 
 KNOWN_PERMANENT = ("WRONGTYPE", "NOPERM", "ERR", "NOGROUP", "EXECABORT", "CROSSSLOT")
@@ -61,6 +68,39 @@ class TestTransient:
             TimeoutError(detail),
         ):
             assert is_transient(error)
+
+
+async def send_on_a_closed_connection() -> None:
+    """Where the observed failure struck: the send of a connection closed meanwhile (no
+    writer any more). Nothing is dialled: the send itself fails."""
+    closed = Connection(host="127.0.0.1", port=1)
+    await closed._send_packed_command([b"PING"])
+
+
+class TestConnectionClosedUnderACommand:
+    """redis-py's asyncio cluster client closes a node's connections on a new slot map (a
+    failover) under commands still using them; seen as an AttributeError in a router's XREAD."""
+
+    async def test_sending_on_a_closed_connection_is_a_transient_port_error(self) -> None:
+        with pytest.raises(TransientError, match="XREAD: AttributeError"), redis_errors("XREAD"):
+            await send_on_a_closed_connection()
+
+    async def test_it_is_transient_in_a_pipelines_reply_too(self) -> None:
+        with pytest.raises(AttributeError) as caught:
+            await send_on_a_closed_connection()
+
+        assert is_transient(caught.value)
+        assert isinstance(port_error(caught.value, "XREADGROUP", key="s"), TransientError)
+
+    def test_an_attribute_error_of_our_own_is_not_taken_for_one(self) -> None:
+        def broken() -> None:
+            raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+        with pytest.raises(AttributeError), redis_errors("XREAD"):
+            broken()
+        with pytest.raises(AttributeError) as caught:
+            broken()
+        assert not is_transient(caught.value)
 
 
 class TestPermanent:

@@ -78,9 +78,29 @@ def error_code(error: ResponseError) -> str:
     return codes[0] if codes else "ERR"
 
 
+# Where redis-py reads and writes a connection's socket.
+_CONNECTION_MODULES = ("redis.connection", "redis.asyncio.connection", "redis._parsers")
+
+
+def closed_under_command(error: BaseException) -> bool:
+    """Whether `error` is redis-py failing on a connection closed while a command used it.
+
+    Its asyncio cluster client closes a node's connections when it learns a new slot map (a
+    failover), also those other tasks are sending on or reading from; these fail with an
+    AttributeError on the gone reader or writer instead of a ConnectionError.
+    """
+    if not isinstance(error, AttributeError) or error.__traceback__ is None:
+        return False
+    innermost = error.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    module = str(innermost.tb_frame.f_globals.get("__name__", ""))
+    return module.startswith(_CONNECTION_MODULES)
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether retrying the same command later may succeed without anyone fixing anything."""
-    if isinstance(error, TRANSIENT_REDIS_ERRORS):
+    if isinstance(error, TRANSIENT_REDIS_ERRORS) or closed_under_command(error):
         return True
     if isinstance(error, ResponseError):
         return error_code(error) in TRANSIENT_CODES
@@ -109,4 +129,8 @@ def redis_errors(
     try:
         yield
     except _REDIS_ERRORS as error:
+        raise port_error(error, what, key=key, transient_type=error_type) from error
+    except AttributeError as error:
+        if not closed_under_command(error):
+            raise
         raise port_error(error, what, key=key, transient_type=error_type) from error
