@@ -22,7 +22,9 @@ from eco_router.adapters.redis.errors import (
 from eco_router.application.errors import PermanentError, TransientError
 
 KNOWN_PERMANENT = ("WRONGTYPE", "NOPERM", "ERR", "NOGROUP", "EXECABORT", "CROSSSLOT")
-codes = st.sampled_from(sorted(TRANSIENT_CODES))
+# Redirections carry a slot and an address that redis-py parses: they get their own test.
+REDIRECTIONS = {"MOVED", "ASK"}
+codes = st.sampled_from(sorted(TRANSIENT_CODES - REDIRECTIONS))
 other_codes = st.one_of(
     st.sampled_from(KNOWN_PERMANENT),
     st.text(string.ascii_uppercase, min_size=2, max_size=12).filter(
@@ -48,6 +50,18 @@ class TestTransient:
 
         assert is_transient(error)
         assert isinstance(port_error(error, "command", key=key), TransientError)
+
+    @given(
+        code=st.sampled_from(sorted(REDIRECTIONS)),
+        slot=st.integers(min_value=0, max_value=16383),
+        port=st.integers(min_value=1, max_value=65535),
+    )
+    def test_a_slot_redirection_redis_py_did_not_follow_is_retried(
+        self, code: str, slot: int, port: int
+    ) -> None:
+        error = reply_error(f"{code} {slot} 127.0.0.1:{port}")
+
+        assert is_transient(error)
 
     @given(code=codes, detail=details, line=st.integers(min_value=1, max_value=999))
     def test_a_transient_code_inside_a_script_error_is_still_transient(
