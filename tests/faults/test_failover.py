@@ -176,6 +176,14 @@ class TestFailoverUnderLoad:
                     f"{len(vanished)} entries acknowledged with WAIT 1 gone after the failover: "
                     f"{sorted(vanished)[:10]}",
                 )
+            # Without WAIT, the streams master may take acknowledged state writes with it (or
+            # a returning old master may take them, as it is made a replica): a job's stored
+            # state can end behind what its viewers got. Measured, as the loss is; with WAIT 1
+            # it fails the test like any other wrong state.
+            rolled_back = dict(rig.findings.wrong_states)
+            rig.figures.params["job_states_behind_at_end"] = len(rolled_back)
+            if not durable and case.role == "streams":
+                rig.findings.wrong_states.clear()
             for router in (*workers, rig.gateway):
                 rig.require(router.exit_code is None, f"{router.name} exited")
             rig.conclude()
