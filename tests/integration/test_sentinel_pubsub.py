@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -18,12 +17,11 @@ from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.messages import FeedGap
-from eco_router.application.ports import Broadcaster, EventFeed, GatewayMetrics
 from eco_router.testing import SentinelGroup
-from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
-from tests.contracts.event_feed import PREFIX as FEED_PREFIX
-from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.factories import encoded, entry_id
+
+# The module, not its classes: a test class imported by name would be collected here again.
+from tests.integration import test_contracts_redis as on_one_server
 from tests.integration.topology_fixtures import Shared
 
 
@@ -35,73 +33,40 @@ async def master(sentinel_group: SentinelGroup) -> AsyncIterator[Redis]:
         yield client
 
 
-class TestBroadcasterThroughSentinel(BroadcasterContract):
-    @pytest.fixture(autouse=True)
-    async def _backend(
-        self, sentinel_group: SentinelGroup, shared_sentinel: Shared[SentinelGroup], master: Redis
-    ) -> AsyncIterator[None]:
-        self.group = sentinel_group
-        self.shared = shared_sentinel
-        self.redis = master
-        self.pubsubs: list[PubSub] = []
-        yield
-        for pubsub in self.pubsubs:
-            await pubsub.aclose()
+class _CutGroup:
+    """Stops every data node of the group (the tests that cut the server), for good."""
 
-    async def make_broadcaster(self) -> Broadcaster:
-        return RedisPubSubBroadcaster(self.redis, channel_prefix=PREFIX)
+    def __init__(self, group: SentinelGroup, shared: Shared[SentinelGroup]) -> None:
+        self._group = group
+        self._shared = shared
 
-    async def subscribe(self, broadcaster: Broadcaster, channel: str) -> Receive:
-        pubsub = self.redis.pubsub()
-        self.pubsubs.append(pubsub)
-        await pubsub.subscribe(channel)
-        assert (await _next_message(pubsub))["type"] == "subscribe"
-
-        async def receive() -> bytes:
-            message = await _next_message(pubsub)
-            assert message["type"] == "message"
-            data = message["data"]
-            assert isinstance(data, bytes)
-            return data
-
-        return receive
-
-    async def cut_server(self, broadcaster: Broadcaster) -> None:
-        self.shared.broken = True
-        for server in self.group.servers:
+    def stop(self) -> None:
+        self._shared.broken = True
+        for server in self._group.servers:
             server.stop()
 
 
-async def _next_message(pubsub: PubSub) -> dict[str, Any]:
-    async with asyncio.timeout(5):
-        while True:
-            message = await pubsub.get_message(timeout=1.0)
-            if message is not None:
-                return dict(message)
-
-
-class TestEventFeedThroughSentinel(EventFeedContract):
+class TestBroadcasterThroughSentinel(on_one_server.TestRedisPubSubBroadcaster):
     @pytest.fixture(autouse=True)
-    async def _backend(self, master: Redis) -> AsyncIterator[None]:
+    async def _backend(  # type: ignore[override]
+        self, sentinel_group: SentinelGroup, shared_sentinel: Shared[SentinelGroup], master: Redis
+    ) -> AsyncIterator[None]:
+        self.server = _CutGroup(sentinel_group, shared_sentinel)  # type: ignore[assignment]
+        self.redis = master
+        self.subscriptions: list[PubSub] = []
+        yield
+        for pubsub in self.subscriptions:
+            await pubsub.aclose()
+
+
+class TestEventFeedThroughSentinel(on_one_server.TestRedisPubSubEventFeed):
+    @pytest.fixture(autouse=True)
+    async def _backend(self, master: Redis) -> AsyncIterator[None]:  # type: ignore[override]
         self.redis = master
         self.feeds: list[RedisPubSubEventFeed] = []
         yield
         for feed in self.feeds:
             await feed.stop()
-
-    async def make_feed(
-        self, *, metrics: GatewayMetrics, queue_size: int = 256
-    ) -> tuple[EventFeed, Broadcaster]:
-        feed = RedisPubSubEventFeed(
-            self.redis,
-            channel_prefix=FEED_PREFIX,
-            decoder=OrjsonEventDecoder(),
-            metrics=metrics,
-            queue_size=queue_size,
-        )
-        await feed.start()
-        self.feeds.append(feed)
-        return feed, RedisPubSubBroadcaster(self.redis, channel_prefix=FEED_PREFIX)
 
 
 class TestFailover:

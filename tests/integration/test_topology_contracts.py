@@ -11,16 +11,10 @@ import pytest
 from eco_router.adapters.redis.connection import RedisClient, async_redis_client
 from eco_router.testing import ClusterGroup, SentinelGroup
 from tests.contracts.factories import FAMILIES, TAGGED_FAMILIES
-from tests.integration.test_console_contracts_redis import (
-    TestRedisDeadLetterArchive,
-    TestRedisShardProgress,
-)
-from tests.integration.test_contracts_redis import (
-    TestRedisLeaseStore,
-    TestRedisLuaStateStore,
-    TestRedisStreamDeadLetterSink,
-    TestRedisStreamEventSource,
-)
+
+# The modules, not their classes: a test class imported by name would be collected here again.
+from tests.integration import test_console_contracts_redis as console
+from tests.integration import test_contracts_redis as ports
 from tests.integration.topology_fixtures import Shared
 
 
@@ -86,49 +80,49 @@ class OnSentinel:
         self.server = _Cut(sentinel_group, shared_sentinel)  # type: ignore[assignment]
 
 
-class TestEventSourceOnCluster(OnCluster, TestRedisStreamEventSource):
+class TestEventSourceOnCluster(OnCluster, ports.TestRedisStreamEventSource):
     pass
 
 
-class TestStateStoreOnCluster(OnCluster, TestRedisLuaStateStore):
+class TestStateStoreOnCluster(OnCluster, ports.TestRedisLuaStateStore):
     pass
 
 
-class TestDeadLetterSinkOnCluster(OnCluster, TestRedisStreamDeadLetterSink):
+class TestDeadLetterSinkOnCluster(OnCluster, ports.TestRedisStreamDeadLetterSink):
     pass
 
 
-class TestLeaseStoreOnCluster(OnCluster, TestRedisLeaseStore):
+class TestLeaseStoreOnCluster(OnCluster, ports.TestRedisLeaseStore):
     pass
 
 
-class TestDeadLetterArchiveOnCluster(OnCluster, TestRedisDeadLetterArchive):
+class TestDeadLetterArchiveOnCluster(OnCluster, console.TestRedisDeadLetterArchive):
     pass
 
 
-class TestShardProgressOnCluster(OnCluster, TestRedisShardProgress):
+class TestShardProgressOnCluster(OnCluster, console.TestRedisShardProgress):
     pass
 
 
-class TestEventSourceThroughSentinel(OnSentinel, TestRedisStreamEventSource):
+class TestEventSourceThroughSentinel(OnSentinel, ports.TestRedisStreamEventSource):
     pass
 
 
-class TestStateStoreThroughSentinel(OnSentinel, TestRedisLuaStateStore):
+class TestStateStoreThroughSentinel(OnSentinel, ports.TestRedisLuaStateStore):
     pass
 
 
-class TestDeadLetterSinkThroughSentinel(OnSentinel, TestRedisStreamDeadLetterSink):
+class TestDeadLetterSinkThroughSentinel(OnSentinel, ports.TestRedisStreamDeadLetterSink):
     pass
 
 
-class TestLeaseStoreThroughSentinel(OnSentinel, TestRedisLeaseStore):
+class TestLeaseStoreThroughSentinel(OnSentinel, ports.TestRedisLeaseStore):
     pass
 
 
-class TestDeadLetterArchiveThroughSentinel(OnSentinel, TestRedisDeadLetterArchive):
+class TestDeadLetterArchiveThroughSentinel(OnSentinel, console.TestRedisDeadLetterArchive):
     pass
 
 
-class TestShardProgressThroughSentinel(OnSentinel, TestRedisShardProgress):
+class TestShardProgressThroughSentinel(OnSentinel, console.TestRedisShardProgress):
     pass
