@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import PermanentError, TransientError
@@ -23,11 +22,6 @@ from eco_router.domain.streams import StreamFamily, shard_of
 log = logging.getLogger(__name__)
 
 Fence = Mapping[str, int]
-
-
-# How long a consumer that doubts its leases waits for the keeper's check before it reads
-# again: a few heartbeats' round trips, far less than the wait for appends.
-DOUBT_WAIT_S = 0.2
 
 
 class ConsumeLoop:
@@ -88,7 +82,6 @@ class ConsumeLoop:
         self._prefetch: tuple[asyncio.Task[ReadBatch], dict[str, int]] | None = None
         self._drained: tuple[Mapping[str, str], dict[str, int]] | None = None
         self._finishing: set[str] = set()
-        self._woke_for_entries = False
         self.health = health or RouterHealth(clock=clock, metrics=metrics, families=source.families)
         self._runs = 0
         self.prepared = asyncio.Event()
@@ -338,14 +331,7 @@ class ConsumeLoop:
                 self._prefetch = (self._start_read(following), following)
             return batch.deliveries, tokens
         if tokens == self._reading() and not self._taking_over() and not read.broken:
-            if self._woke_for_entries and not read.gaps:
-                # The wait saw entries after the marks, the read got none of them: another
-                # router read them, so this one has lost a lease without hearing of it yet.
-                # Reading again would spin: the keeper checks now, and the loop waits for it.
-                self._held.doubt()
-                await self._wait_for_work(stop, None, timeout_s=DOUBT_WAIT_S)
-            else:
-                await self._wait_for_work(stop, batch.marks)
+            await self._wait_for_work(stop, batch.marks)
         return [], {}
 
     def _still_reading(self, read: ReadBatch, tokens: dict[str, int]) -> ReadBatch:
@@ -367,32 +353,21 @@ class ConsumeLoop:
         return ReadBatch(kept, read.gaps, read.marks)
 
     async def _wait_for_work(
-        self,
-        stop: asyncio.Event,
-        marks: Mapping[str, str] | None = None,
-        *,
-        timeout_s: float | None = None,
+        self, stop: asyncio.Event, marks: Mapping[str, str] | None = None
     ) -> None:
-        """Until an entry is appended after `marks`, the held shards change, stop, or
-        `timeout_s`; `_woke_for_entries` says whether an entry after the marks ended it."""
-        waits: list[asyncio.Future[Any]] = [
+        """Until an entry is appended after `marks`, the held shards change, or stop."""
+        waits: list[asyncio.Future[object]] = [
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
         ]
-        appended: asyncio.Future[None] | None = None
         if marks:
-            appended = asyncio.ensure_future(
-                self._source.wait_for_new(marks, block_ms=self._block_ms)
+            waits.append(
+                asyncio.ensure_future(self._source.wait_for_new(marks, block_ms=self._block_ms))
             )
-            waits.append(appended)
-        # A quarantined shard's retry wakes the loop too.
-        timeouts = [t for t in (self.health.next_retry_s(), timeout_s) if t is not None]
-        # The event loop's time, which the wait's own timeout runs on.
-        loop = asyncio.get_running_loop()
-        began = loop.time()
         try:
+            # A quarantined shard's retry wakes the loop too.
             done, _ = await asyncio.wait(
-                waits, timeout=min(timeouts, default=None), return_when=asyncio.FIRST_COMPLETED
+                waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             for wait in waits:
@@ -400,9 +375,6 @@ class ConsumeLoop:
             for wait in waits:
                 with contextlib.suppress(BaseException):
                     await wait
-        # The wait for appends ends early only for an entry (or an error) after the marks.
-        waited_s = loop.time() - began
-        self._woke_for_entries = appended in done and waited_s < self._block_ms / 1000
         for wait in done:
             wait.result()  # a failed wait for appends is a transient error to back off from
 

@@ -40,20 +40,13 @@ class HeldShards:
 
     The keeper gains, releases and loses shards; the consumer reads only `READING` shards,
     first finishing each gained shard's take-over, and reports what it has in hand (read but
-    not settled), so a shard is given up only once drained. `changed` wakes the consumer;
-    `doubted` wakes the keeper, when the consumer sees signs that another router has read its
-    shards (entries after its position that it cannot read): a lost lease it has not heard of.
+    not settled), so a shard is given up only once drained. `changed` wakes the consumer.
     """
 
     def __init__(self) -> None:
         self._held: dict[str, HeldShard] = {}
         self._in_hand: Counter[str] = Counter()
         self.changed = asyncio.Event()
-        self.doubted = asyncio.Event()
-
-    def doubt(self) -> None:
-        """Ask the keeper to check the leases now rather than at its next heartbeat."""
-        self.doubted.set()
 
     def __contains__(self, stream: object) -> bool:
         return stream in self._held

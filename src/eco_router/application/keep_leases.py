@@ -21,9 +21,6 @@ log = logging.getLogger(__name__)
 EXPIRY_MARGIN_S = 0.01
 # How often a shard being given up is checked for being drained (a local check).
 DRAIN_CHECK_S = 0.01
-# The earliest a doubt brings the next heartbeat after the last one: a consumer that keeps
-# doubting costs the server at most this many extra calls per second.
-EARLY_BEAT_S = 0.1
 
 
 class KeepLeases:
@@ -123,32 +120,16 @@ class KeepLeases:
         return delay
 
     async def _sleep(self, delay_s: float, drained: asyncio.Event) -> None:
-        """Until the next heartbeat is due, or sooner when the consumer doubts a lease (at
-        most one early heartbeat per `EARLY_BEAT_S`, whatever the consumer sees)."""
-        began = self._clock.monotonic()
-        deadline = began + delay_s
-        early = began + EARLY_BEAT_S
+        deadline = self._clock.monotonic() + delay_s
         while not drained.is_set():
             await self._release_drained()
-            now = self._clock.monotonic()
-            if now >= deadline:
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
                 return
-            if self._held.doubted.is_set() and now >= early:
-                self._held.doubted.clear()
-                return
-            step = deadline - now
-            if self._releasing():
-                step = min(step, DRAIN_CHECK_S)
-            # Once doubted, only the time until an early heartbeat is allowed is left to wait.
-            doubted = self._held.doubted.is_set()
-            if doubted:
-                step = min(step, early - now)
+            step = min(left, DRAIN_CHECK_S) if self._releasing() else left
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(step):
-                    if doubted:
-                        await drained.wait()
-                    else:
-                        await _first_set(drained, self._held.doubted)
+                    await drained.wait()
 
     def _releasing(self) -> bool:
         return bool(self._held.tokens([Phase.RELEASING]))
@@ -195,13 +176,3 @@ class KeepLeases:
         elif self._failing:
             log.info("heartbeat back")
         self._failing = False
-
-
-async def _first_set(*events: asyncio.Event) -> None:
-    """Until one of `events` is set."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
