@@ -30,6 +30,7 @@ from eco_router.domain.event_size import (
     EventSizeLimits,
 )
 from eco_router.domain.streams import StreamFamily
+from eco_router.entrypoints.http.cors import parse_origins
 
 _ENV_PREFIX = "EVENT_ROUTER_"
 
@@ -117,6 +118,7 @@ class Settings(BaseSettings):
     stats_interval_s: float = Field(5, gt=0)
     jwt_secret: SecretStr | None = None
     jwt_require_exp: bool = True
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
@@ -143,6 +145,11 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_streams(cls, value: object) -> object:
         return parse_families(value) if isinstance(value, str) else value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, value: object) -> object:
+        return parse_origins(value) if isinstance(value, str) else value
 
     @field_validator("streams")
     @classmethod

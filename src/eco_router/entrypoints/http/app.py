@@ -16,6 +16,7 @@ from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
+from eco_router.entrypoints.http.cors import JobEventsCors
 from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
 from eco_router.entrypoints.http.public_errors import EpisodeLog, public_reason, service_of
 from eco_router.entrypoints.resolve import resolve
@@ -82,6 +83,8 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
             client_burst=DEMO_JOBS_PER_CLIENT_BURST,
         )
         app.add_middleware(DemoJobThrottle, throttle=throttle)
+    if container.settings().cors_origins:
+        app.add_middleware(JobEventsCors, origins=container.settings().cors_origins)
 
     episodes = EpisodeLog()
 
