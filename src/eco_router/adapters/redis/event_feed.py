@@ -52,6 +52,7 @@ class RedisPubSubEventFeed(EventFeed):
         self._lock = asyncio.Lock()
         self._has_channels = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._stopped = False
 
     @property
     def channels(self) -> int:
@@ -70,7 +71,10 @@ class RedisPubSubEventFeed(EventFeed):
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        # Under the lock: closing the connection under a running unsubscribe fails it.
+        async with self._lock:
+            self._stopped = True
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
         channel = f"{self._prefix}:{job_id}"
@@ -92,7 +96,8 @@ class RedisPubSubEventFeed(EventFeed):
 
     async def leave(self, viewer: Viewer) -> None:
         async with self._lock:
-            if self._viewers.leave(viewer):
+            # A closed connection has dropped every subscription: nothing left to unsubscribe.
+            if self._viewers.leave(viewer) and not self._stopped:
                 with contextlib.suppress(*TRANSIENT_REDIS_ERRORS):
                     await self._pubsub.unsubscribe(viewer.channel)
 

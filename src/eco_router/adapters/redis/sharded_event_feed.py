@@ -90,6 +90,7 @@ class RedisShardedPubSubEventFeed(EventFeed):
         self._orphans: set[str] = set()
         self._orphaned = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._stopped = False
         self._repairer: asyncio.Task[None] | None = None
 
     @property
@@ -110,9 +111,12 @@ class RedisShardedPubSubEventFeed(EventFeed):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for link in list(self._links.values()):
-            await link.close()
-        self._links.clear()
+        # Under the lock: closing a link under a running sunsubscribe fails it.
+        async with self._lock:
+            self._stopped = True
+            for link in list(self._links.values()):
+                await link.close()
+            self._links.clear()
 
     async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
         channel = f"{self._prefix}:{job_id}"
@@ -137,7 +141,8 @@ class RedisShardedPubSubEventFeed(EventFeed):
                 return
             self._orphans.discard(viewer.channel)
             link = self._home.pop(viewer.channel, None)
-            if link is not None:
+            # Closed links have dropped every subscription: nothing left to unsubscribe.
+            if link is not None and not self._stopped:
                 link.channels.discard(viewer.channel)
                 with contextlib.suppress(*TRANSIENT_REDIS_ERRORS):
                     await link.pubsub.sunsubscribe(viewer.channel)
