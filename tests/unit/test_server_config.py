@@ -35,7 +35,8 @@ class TestSettings:
             settings.http_max_connections,
             settings.http_header_timeout_s,
             settings.http_idle_timeout_s,
-        ) == (32, 1000, 10, 5)
+            settings.http_shutdown_timeout_s,
+        ) == (32, 1000, 10, 5, 10)
 
     @pytest.mark.parametrize(
         ("variable", "value"),
@@ -44,6 +45,7 @@ class TestSettings:
             ("EVENT_ROUTER_HTTP_MAX_CONNECTIONS", "0"),
             ("EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S", "0"),
             ("EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S", "soon"),
+            ("EVENT_ROUTER_HTTP_SHUTDOWN_TIMEOUT_S", "0"),
         ],
     )
     def test_a_bound_that_would_refuse_everything_is_refused(
@@ -58,7 +60,10 @@ class TestSettings:
 class TestServerConfig:
     def test_the_settings_become_uvicorns_limits_and_the_header_timeout(self) -> None:
         settings = load_settings(
-            http_max_connections=50, http_header_timeout_s=2.5, http_idle_timeout_s=3
+            http_max_connections=50,
+            http_header_timeout_s=2.5,
+            http_idle_timeout_s=3,
+            http_shutdown_timeout_s=25,
         )
 
         config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
@@ -66,6 +71,7 @@ class TestServerConfig:
         assert config.http is HeaderTimeoutProtocol
         assert config.header_timeout_s == 2.5
         assert config.timeout_keep_alive == 3
+        assert config.timeout_graceful_shutdown == 25
         # uvicorn refuses once this many are open, the asking one included: 50 are served.
         assert config.limit_concurrency == 51
 

@@ -128,6 +128,7 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(1000, ge=1, le=1_000_000)
     http_header_timeout_s: float = Field(10, gt=0, le=3600)
     http_idle_timeout_s: int = Field(5, ge=1, le=3600)
+    http_shutdown_timeout_s: float = Field(10, gt=0, le=3600)
     # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
     # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"

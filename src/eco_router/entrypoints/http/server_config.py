@@ -114,8 +114,8 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         host=host,
         port=port,
         log_level=settings.log_level.lower(),
-        # Open SSE streams would hold a graceful shutdown forever: give them a few seconds.
-        timeout_graceful_shutdown=3,
+        # Streams get their end as the shutdown begins; writing thousands of ends takes time.
+        timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
         header_timeout_s=settings.http_header_timeout_s,
         timeout_keep_alive=settings.http_idle_timeout_s,
         max_connections=connection_cap(settings.http_max_connections),
