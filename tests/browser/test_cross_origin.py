@@ -10,8 +10,6 @@ api.example.com).
 from __future__ import annotations
 
 import http.server
-import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,11 +22,8 @@ from playwright.sync_api import Browser
 from tests.browser.test_demo_page import (
     COMPLETE_JOB,
     JOB_TIMEOUT_MS,
-    _free_port,
-    _serve_command,
-    _wait_for_health,
+    _demo_server,
     browser,
-    stop_server,
 )
 
 __all__ = ["browser"]  # the shared chromium fixture, used by the tests below
@@ -94,25 +89,12 @@ def other_site() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, frontend: str) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
-    env |= {
-        "EVENT_ROUTER_JWT_SECRET": SECRET,
-        "EVENT_ROUTER_CORS_ORIGINS": frontend,
-        "EVENT_ROUTER_DEMO_EVENTS_PER_S": "5",
-    }
-    command = [*_serve_command(), "serve", "--in-memory", "--demo", "--port", str(port)]
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_health(process, base_url, log)
-        yield base_url
-    finally:
-        stop_server(process)
+    yield from _demo_server(
+        tmp_path_factory,
+        EVENT_ROUTER_JWT_SECRET=SECRET,
+        EVENT_ROUTER_CORS_ORIGINS=frontend,
+        EVENT_ROUTER_DEMO_EVENTS_PER_S="5",
+    )
 
 
 @dataclass(frozen=True)

@@ -63,23 +63,20 @@ def _feed(redis: RedisClient) -> EventFeed:
     return RedisPubSubEventFeed(redis, **common)
 
 
+@pytest.fixture(params=["one server", "cluster"])
+def pubsub_url(request: pytest.FixtureRequest) -> str:
+    """Plain Pub/Sub on one server, sharded Pub/Sub on a cluster."""
+    if request.param == "cluster":
+        cluster: ClusterGroup = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: RedisServer = request.getfixturevalue("pubsub_server")
+    return server.url
+
+
 @pytest.mark.parametrize("delay_s", DELAYS_S)
-async def test_viewers_leaving_during_stop_end_cleanly(
-    pubsub_server: RedisServer, delay_s: float
-) -> None:
+async def test_viewers_leaving_during_stop_end_cleanly(pubsub_url: str, delay_s: float) -> None:
     for _ in range(ROUNDS):
-        failed, unhandled = await _round(pubsub_server.url, delay_s)
-
-        assert failed == []
-        assert unhandled == []
-
-
-@pytest.mark.parametrize("delay_s", DELAYS_S)
-async def test_viewers_leaving_during_stop_of_a_sharded_feed_end_cleanly(
-    redis_cluster: ClusterGroup, delay_s: float
-) -> None:
-    for _ in range(ROUNDS):
-        failed, unhandled = await _round(redis_cluster.url, delay_s)
+        failed, unhandled = await _round(pubsub_url, delay_s)
 
         assert failed == []
         assert unhandled == []
