@@ -19,6 +19,7 @@ from eco_router import __version__
 from eco_router.adapters.redaction import redact_url
 from eco_router.application.errors import PortError
 from eco_router.domain.progress import InvalidProgressEvent, StagePlan, Status
+from eco_router.entrypoints import event_loop
 from eco_router.entrypoints import operator_commands as commands
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.exit_codes import ExitCode
@@ -286,7 +287,7 @@ def _worker(settings: Settings) -> int:
         await check_redis_servers(settings)
         await serve(container, stop)
 
-    asyncio.run(run())
+    event_loop.run(run(), settings.event_loop)
     log.info("worker stopped")
     return ExitCode.OK
 

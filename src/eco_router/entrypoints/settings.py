@@ -30,6 +30,7 @@ from eco_router.domain.event_size import (
     EventSizeLimits,
 )
 from eco_router.domain.streams import StreamFamily
+from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.cors import parse_origins
 
 _ENV_PREFIX = "EVENT_ROUTER_"
@@ -137,6 +138,7 @@ class Settings(BaseSettings):
     # Slow enough that a person can drop the connection mid-job on the demo page.
     demo_events_per_s: float = Field(1.5, gt=0, le=10_000)
     log_level: str = "INFO"
+    event_loop: EventLoopChoice = "auto"
     # Failing loud and recovering: quarantined shards, supervised tasks.
     quarantine_retry_s: float = Field(10, gt=0, le=3600)
     task_max_restarts: int = Field(5, ge=0, le=1000)
@@ -181,6 +183,12 @@ class Settings(BaseSettings):
                 f"must be at least {MIN_SECRET_BYTES} bytes for HS256 "
                 "(e.g. the output of `openssl rand -base64 32`)"
             )
+        return value
+
+    @field_validator("event_loop")
+    @classmethod
+    def _check_loop(cls, value: EventLoopChoice) -> EventLoopChoice:
+        loop_factory(value)
         return value
 
     @field_validator("log_level")

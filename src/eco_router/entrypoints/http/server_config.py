@@ -11,6 +11,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from eco_router.entrypoints.event_loop import uvicorn_loop
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         host=host,
         port=port,
         log_level=settings.log_level.lower(),
+        loop=uvicorn_loop(settings.event_loop),
         # Streams get their end as the shutdown begins; writing thousands of ends takes time.
         timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
         header_timeout_s=settings.http_header_timeout_s,
