@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv redis-server chromium test lint run worker bench bench-sse soak \
+.PHONY: venv redis-server chromium prometheus test lint run worker bench bench-sse soak \
 	reliability-report fmt clean
 
 venv: $(STAMP)
@@ -36,7 +36,16 @@ chromium:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
-test: venv redis-server chromium lint
+# The monitoring tests check the alerts with Debian's promtool and query a real prometheus.
+prometheus:
+	@if [ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ]; then \
+		echo "prometheus: /usr/bin/prometheus"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; \
+	fi
+
+test: venv redis-server chromium prometheus lint
 	$(BIN)/pytest -q
 
 lint: venv

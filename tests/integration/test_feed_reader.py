@@ -70,6 +70,7 @@ class TestARefusedSubscription:
         with pytest.raises(TransientError, match="permissions"):
             await feed.subscribe("scan", "refused-1")
         refused = health.checks()["feed"]
+        failing = metrics.feed_failing
 
         viewer = await feed.subscribe("scan", "allowed-1")
         broadcaster = RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX)
@@ -79,6 +80,8 @@ class TestARefusedSubscription:
         assert "permissions" in refused
         assert metrics.feed_failures == 1
         await wait_until(_ok(health), what="the feed check back to ok")
+        assert failing
+        assert not metrics.feed_failing
 
 
 def _ok(health: FeedHealth) -> Callable[[], Awaitable[bool]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from eco_router.adapters.memory.readiness_metrics import InMemoryReadinessMetrics
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.router_service import RouterService
 from tests.unit.factories import Harness
@@ -62,3 +63,20 @@ class TestWithoutARouter:
 
         assert checks["streams"] == "ok"
         assert checks["pubsub"].startswith("unreachable: ")
+
+
+class TestReportedOutcome:
+    async def test_every_check_goes_to_the_readiness_metrics_failing_ones_included(
+        self,
+    ) -> None:
+        h = Harness()
+        h.broadcaster.available = False
+        metrics = InMemoryReadinessMetrics()
+        check = CheckReadiness(
+            source=h.source, broadcaster=h.broadcaster, router=None, metrics=metrics
+        )
+
+        checks = await check()
+
+        assert metrics.reports == [checks]
+        assert checks["pubsub"].startswith("unreachable")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
-from eco_router.application.ports import Broadcaster, EventSource
+from eco_router.application.ports import Broadcaster, EventSource, ReadinessMetrics
 from eco_router.application.router_service import RouterService
 
 
@@ -17,6 +17,8 @@ class CheckReadiness:
     the cause. A process that does not route (a gateway-only `serve`) passes no router and
     is not asked about one. A process serving viewers has a `feed` check: "ok" unless its
     Pub/Sub reader is reconnecting or retrying after a failure.
+
+    Every outcome goes to `metrics`, so an alert sees what the kubelet's probe saw.
     """
 
     def __init__(
@@ -26,11 +28,13 @@ class CheckReadiness:
         broadcaster: Broadcaster,
         router: RouterService | None,
         feed: FeedHealth | None = None,
+        metrics: ReadinessMetrics | None = None,
     ) -> None:
         self._source = source
         self._broadcaster = broadcaster
         self._router = router
         self._feed = feed
+        self._metrics = metrics
 
     async def __call__(self) -> dict[str, str]:
         checks: dict[str, str] = {}
@@ -44,4 +48,6 @@ class CheckReadiness:
             checks.update(self._router.health.checks())
         if self._feed is not None:
             checks.update(self._feed.checks())
+        if self._metrics is not None:
+            self._metrics.readiness_checked(checks)
         return checks

@@ -371,3 +371,15 @@ class GatewayMetrics(Protocol):
     def feed_failed(self) -> None:
         """The Pub/Sub reader lost its connection or failed: one per episode, not per retry."""
         ...
+
+    def feed_recovered(self) -> None:
+        """The Pub/Sub reader delivers again after an episode `feed_failed` began."""
+        ...
+
+
+class ReadinessMetrics(Protocol):
+    """What a process reports each time its readiness is checked."""
+
+    def readiness_checked(self, checks: Mapping[str, str]) -> None:
+        """The checks just made, by name; a check passes when its value is "ok"."""
+        ...

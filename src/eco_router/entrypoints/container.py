@@ -17,6 +17,7 @@ from eco_router.adapters.memory.shard_progress import InMemoryShardProgress
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
+from eco_router.adapters.prometheus.readiness_metrics import PrometheusReadinessMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
 from eco_router.adapters.redis.connection import open_redis
 from eco_router.adapters.redis.dead_letters import (
@@ -184,12 +185,14 @@ class Container(containers.DeclarativeContainer):
         restart_window_s=settings.provided.task_restart_window_s,
     )
     feed_health = providers.Singleton(FeedHealth)
+    readiness_metrics = providers.Singleton(PrometheusReadinessMetrics, registry=metrics_registry)
     check_readiness = providers.Singleton(
         CheckReadiness,
         source=event_source,
         broadcaster=broadcaster,
         router=router,
         feed=feed_health,
+        metrics=readiness_metrics,
     )
 
     memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
@@ -351,6 +354,7 @@ def build_container(
                 broadcaster=container.broadcaster,
                 router=None,
                 feed=container.feed_health,
+                metrics=container.readiness_metrics,
             )
         )
     return container

@@ -18,6 +18,7 @@ class InMemoryGatewayMetrics(GatewayMetrics):
         self.dropped = 0
         self.overtaken = 0
         self.feed_failures = 0
+        self.feed_failing = False
         self.latencies_ms: list[float] = []
 
     def connection_opened(self) -> None:
@@ -44,3 +45,7 @@ class InMemoryGatewayMetrics(GatewayMetrics):
 
     def feed_failed(self) -> None:
         self.feed_failures += 1
+        self.feed_failing = True
+
+    def feed_recovered(self) -> None:
+        self.feed_failing = False

@@ -55,6 +55,11 @@ class PrometheusGatewayMetrics(GatewayMetrics):
             "Episodes of the Pub/Sub reader that feeds the SSE streams lost or failing.",
             registry=registry,
         )
+        self._feed_failing = Gauge(
+            "event_router_gateway_feed_failing",
+            "1 while the Pub/Sub reader that feeds the SSE streams cannot deliver, else 0.",
+            registry=registry,
+        )
         self._latency = Histogram(
             "event_router_gateway_delivery_latency_seconds",
             "Entry written (its id's time) to written to the client, live events.",
@@ -87,3 +92,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
 
     def feed_failed(self) -> None:
         self._feed_failures.inc()
+        self._feed_failing.set(1)
+
+    def feed_recovered(self) -> None:
+        self._feed_failing.set(0)

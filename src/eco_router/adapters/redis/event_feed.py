@@ -112,6 +112,7 @@ class RedisPubSubEventFeed(EventFeed):
                 if backoff.failing:
                     log.info("Pub/Sub reader back")
                     self._health.recovered()
+                    self._metrics.feed_recovered()
                 backoff.reset()
             except TRANSIENT_REDIS_ERRORS as error:
                 if not backoff.failing:

@@ -223,6 +223,7 @@ class RedisShardedPubSubEventFeed(EventFeed):
                 backoff.reset()
                 log.info("Pub/Sub reader back")
                 self._health.recovered()
+                self._metrics.feed_recovered()
 
     def _dispatch(self, message: dict[str, object]) -> None:
         kind = _text(message.get("type"))
