@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv redis-server chromium prometheus test lint run worker bench bench-sse soak \
-	reliability-report fmt clean
+	reliability-report image fmt clean
 
 venv: $(STAMP)
 
@@ -83,6 +83,31 @@ reliability-report: venv redis-server
 	rm -rf tests/faults/results
 	$(BIN)/pytest -q tests/faults
 	$(BIN)/python -m tests.faults.report
+
+# The container image (Dockerfile) with the first engine that answers: docker, then podman.
+# IMAGE=registry.example/eco-router:tag names it; ENGINE=podman picks one.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= eco-router:$(VERSION)
+ENGINES := $(or $(ENGINE),docker podman)
+
+image:
+	@engine=""; \
+	for candidate in $(ENGINES); do \
+		if command -v $$candidate >/dev/null 2>&1 && $$candidate info >/dev/null 2>&1; then \
+			engine=$$candidate; break; \
+		fi; \
+	done; \
+	if [ -z "$$engine" ]; then \
+		echo "make image: no container engine is available ($(ENGINES): none installed whose" \
+			"daemon or socket answers); the image cannot be built here" >&2; \
+		exit 1; \
+	fi; \
+	echo "building $(IMAGE) with $$engine"; \
+	$$engine build --tag $(IMAGE) \
+		--build-arg VERSION=$(VERSION) \
+		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+		.
 
 # Fixes first, so the formatter has the last word on layout.
 fmt: venv

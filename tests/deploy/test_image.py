@@ -1,0 +1,150 @@
+"""The Dockerfile: linted by hadolint, and declaring what the manifests and compose rely on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.dockerfile import DOCKERFILE, read_image
+from tests.deploy.tools import REPO, render, run_tool
+from tests.deploy.workloads import containers
+
+IMAGE = read_image()
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_hadolint_finds_nothing() -> None:
+    done = run_tool("hadolint", "--failure-threshold", "info", DOCKERFILE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_is_really_checking(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install redis\n")
+    done = run_tool("hadolint", "--failure-threshold", "info", bad)
+    assert done.returncode != 0
+    assert "DL3007" in done.stdout  # the latest tag
+
+
+def test_the_final_stage_is_slim_python_311_built_from_a_builder() -> None:
+    assert IMAGE.base == "python:3.11-slim-bookworm"
+    assert len(IMAGE.stages) == 2
+    assert IMAGE.stages[0][0].value.endswith(" AS builder")
+    assert any(i.value.startswith("--from=builder ") for i in IMAGE.final if i.name == "COPY")
+    # No compiler or package installs in what runs.
+    assert not any(
+        word in i.value for i in IMAGE.final if i.name == "RUN" for word in ("apt-get", "pip ")
+    )
+
+
+def test_one_image_for_both_roles_the_router_by_default() -> None:
+    assert IMAGE.exec_form("ENTRYPOINT") == ["eco-router"]
+    assert "eco-router" in PYPROJECT["project"]["scripts"]
+    assert IMAGE.exec_form("CMD") == ["worker"]
+    assert IMAGE.values("HEALTHCHECK") == []
+
+
+def test_it_runs_as_the_numeric_user_the_manifests_name() -> None:
+    uid, gid = IMAGE.user
+    assert uid >= 10000
+    assert gid == uid
+    for overlay in ("base", "dev", "production"):
+        for name in ("router", "gateway"):
+            deployment = next(
+                d
+                for d in render(overlay)
+                if d["kind"] == "Deployment" and d["metadata"]["name"] == name
+            )
+            pod = deployment["spec"]["template"]["spec"]["securityContext"]
+            assert (pod["runAsUser"], pod["runAsGroup"]) == (uid, gid)
+
+
+def test_it_exposes_exactly_the_ports_the_manifests_use() -> None:
+    ports = {
+        p["containerPort"]
+        for d in render("base")
+        if d["kind"] == "Deployment"
+        for c in containers(d)
+        for p in c["ports"]
+    }
+    assert IMAGE.exposed == ports == {8000, 8001}
+
+
+def test_it_never_writes_byte_code_and_is_labelled() -> None:
+    env = " ".join(IMAGE.values("ENV"))
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    labels = " ".join(IMAGE.values("LABEL"))
+    for key in ("title", "description", "version", "revision", "created"):
+        assert f"org.opencontainers.image.{key}=" in labels
+
+
+def test_the_build_context_holds_what_the_package_needs_and_nothing_else() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    kept = {line.removeprefix("!").rstrip("/") for line in lines if line.startswith("!")}
+    assert kept == {"pyproject.toml", PYPROJECT["project"]["readme"], "src"}
+    copied = {
+        part.rstrip("/")
+        for i in IMAGE.stages[0]
+        if i.name == "COPY"
+        for part in i.value.split()[:-1]
+    }
+    assert copied <= kept
+
+
+def _fake_engine(directory: Path, name: str, *, answers: bool) -> Path:
+    script = directory / name
+    log = directory / f"{name}.log"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        f'if [ "$1" = info ]; then exit {0 if answers else 1}; fi\n'
+        "exit 0\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return log
+
+
+def _make_image(tmp_path: Path, engine: str) -> subprocess.CompletedProcess[str]:
+    make = shutil.which("make")
+    if make is None:
+        pytest.fail("make is not installed")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(
+        [make, "--no-print-directory", "image", f"ENGINE={engine}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_make_image_says_so_when_no_engine_answers(tmp_path: Path) -> None:
+    log = _fake_engine(tmp_path, "silent-engine", answers=False)
+    done = _make_image(tmp_path, "silent-engine")
+    assert done.returncode != 0
+    assert "no container engine is available" in done.stderr
+    assert log.read_text() == "info\n"  # asked, never told to build
+
+
+def test_make_image_builds_with_the_engine_that_answers(tmp_path: Path) -> None:
+    log = _fake_engine(tmp_path, "fake-engine", answers=True)
+    done = _make_image(tmp_path, "fake-engine")
+    assert done.returncode == 0, done.stderr
+    info, build = log.read_text().splitlines()
+    version = PYPROJECT["project"]["version"]
+    assert info == "info"
+    assert build.startswith(f"build --tag eco-router:{version} --build-arg VERSION={version} ")
+    assert build.endswith(" .")
