@@ -211,7 +211,6 @@ def _chosen_config(
     shards: int | None,
     *,
     cluster: bool,
-    environ: Mapping[str, str] | None = None,
 ) -> ProducerConfig:
     if config is not None:
         if domain is not None or shards is not None:
@@ -221,7 +220,7 @@ def _chosen_config(
                 config, family=dataclasses.replace(config.family, tagged=True)
             )
         return config
-    env = os.environ if environ is None else environ
+    env = os.environ
     where = "domain"
     if domain is None:
         domain = _setting(env, DOMAIN_VARIABLE)
@@ -253,5 +252,5 @@ def _setting(env: Mapping[str, str], name: str) -> str:
 
 @functools.cache
 def _layout(domain: str, shards: int, tagged: bool) -> ProducerConfig:
-    """One config object per layout: the publisher cache is keyed by it."""
+    """Built once per layout, not at each call."""
     return producer_config(domain=domain, shards=shards, tagged=tagged)
