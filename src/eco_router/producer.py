@@ -8,11 +8,28 @@
 `connect_async` gives the same for asyncio code. Calls are validated before Redis is touched
 (`InvalidProgressEvent`), the seq is deterministic, and a repeated call within the
 idempotency window returns the first entry's id instead of adding another.
+
+Code written for the reference design keeps its call sites and its client; only the import
+changes:
+
+    from eco_router.producer import publish_stage_event
+
+    publish_stage_event(redis_client, job_id, "vision", "completed", progress=25)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 
 from eco_router.adapters.progress_entries import (
     DEFAULT_IDEMPOTENCY_TTL_S,
@@ -21,6 +38,7 @@ from eco_router.adapters.progress_entries import (
 )
 from eco_router.adapters.redis.connection import async_redis_client, sync_redis_client
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
+from eco_router.adapters.redis.publisher_cache import PublisherCache
 from eco_router.adapters.redis.replica_wait import ReplicasBehind
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
@@ -42,8 +60,20 @@ __all__ = [
     "connect",
     "connect_async",
     "producer_config",
+    "publish_stage_event",
+    "publish_stage_event_async",
     "shard_for",
 ]
+
+# Read at each call of `publish_stage_event`, never at import.
+DOMAIN_VARIABLE = "EVENT_ROUTER_PRODUCER_DOMAIN"
+SHARDS_VARIABLE = "EVENT_ROUTER_PRODUCER_SHARDS"
+# The reference design's producers read their shard count from this one.
+REFERENCE_SHARDS_VARIABLE = "SSE_SHARD_COUNT"
+DEFAULT_DOMAIN = "scan"
+DEFAULT_SHARDS = 4
+MAX_SHARDS = 1024
+_DOMAIN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def producer_config(
@@ -105,3 +135,122 @@ def laid_out(config: ProducerConfig, url: str) -> ProducerConfig:
     if config.family.tagged or not isinstance(parse_redis_url(url), ClusterSeeds):
         return config
     return dataclasses.replace(config, family=dataclasses.replace(config.family, tagged=True))
+
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+_sync_publishers: PublisherCache[SyncClient, StreamPublisher] = PublisherCache(
+    "publishers", StreamPublisher
+)
+_async_publishers: PublisherCache[AsyncClient, AsyncStreamPublisher] = PublisherCache(
+    "async_publishers", AsyncStreamPublisher
+)
+
+
+def publish_stage_event(
+    redis_client: SyncClient,
+    job_id: str,
+    stage: str,
+    status: str,
+    result: Any = None,
+    progress: int | None = None,
+    *,
+    seq: int | None = None,
+    domain: str | None = None,
+    shards: int | None = None,
+    config: ProducerConfig | None = None,
+) -> str:
+    """Publish one event on the caller's own client (`redis.Redis` or `RedisCluster`) and
+    return its entry id: the reference design's call, with the SDK's shards, seqs,
+    idempotency and validation.
+
+    The layout is `config`, else `domain` and `shards`, else `EVENT_ROUTER_PRODUCER_DOMAIN`
+    and `EVENT_ROUTER_PRODUCER_SHARDS` (`SSE_SHARD_COUNT`, the reference design's name, when
+    that is unset), else `scan` and 4. A Redis Cluster client gets tagged shards, as the
+    routers read them there. A bad setting raises `ValueError` naming it.
+    """
+    chosen = _chosen_config(
+        config, domain, shards, cluster=isinstance(redis_client, redis.cluster.RedisCluster)
+    )
+    publisher = _sync_publishers.get(redis_client, chosen)
+    return publisher.publish_stage_event(
+        job_id, stage, status, result=result, progress=progress, seq=seq
+    )
+
+
+async def publish_stage_event_async(
+    redis_client: AsyncClient,
+    job_id: str,
+    stage: str,
+    status: str,
+    result: Any = None,
+    progress: int | None = None,
+    *,
+    seq: int | None = None,
+    domain: str | None = None,
+    shards: int | None = None,
+    config: ProducerConfig | None = None,
+) -> str:
+    """`publish_stage_event` on a `redis.asyncio` client (`Redis` or `RedisCluster`)."""
+    chosen = _chosen_config(
+        config,
+        domain,
+        shards,
+        cluster=isinstance(redis_client, redis.asyncio.cluster.RedisCluster),
+    )
+    publisher = _async_publishers.get(redis_client, chosen)
+    return await publisher.publish_stage_event(
+        job_id, stage, status, result=result, progress=progress, seq=seq
+    )
+
+
+def _chosen_config(
+    config: ProducerConfig | None,
+    domain: str | None,
+    shards: int | None,
+    *,
+    cluster: bool,
+) -> ProducerConfig:
+    if config is not None:
+        if domain is not None or shards is not None:
+            raise ValueError("pass either config or domain/shards, not both")
+        if cluster and not config.family.tagged:
+            return dataclasses.replace(
+                config, family=dataclasses.replace(config.family, tagged=True)
+            )
+        return config
+    env = os.environ
+    where = "domain"
+    if domain is None:
+        domain = _setting(env, DOMAIN_VARIABLE)
+        where = DOMAIN_VARIABLE if domain else where
+        domain = domain or DEFAULT_DOMAIN
+    if not isinstance(domain, str) or _DOMAIN.fullmatch(domain) is None:
+        raise ValueError(f"{where}={domain!r} must be 1-64 characters of [A-Za-z0-9_.-]")
+    if shards is None:
+        shards = _shards_from(env)
+    elif isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards={shards!r} must be an integer from 1 to {MAX_SHARDS}")
+    return _layout(domain, shards, cluster)
+
+
+def _shards_from(env: Mapping[str, str]) -> int:
+    for name in (SHARDS_VARIABLE, REFERENCE_SHARDS_VARIABLE):
+        text = _setting(env, name)
+        if not text:
+            continue
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_SHARDS:
+            raise ValueError(f"{name}={text!r} must be an integer from 1 to {MAX_SHARDS}")
+        return int(text)
+    return DEFAULT_SHARDS
+
+
+def _setting(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, "").strip()
+
+
+@functools.cache
+def _layout(domain: str, shards: int, tagged: bool) -> ProducerConfig:
+    """Built once per layout, not at each call."""
+    return producer_config(domain=domain, shards=shards, tagged=tagged)

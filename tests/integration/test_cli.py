@@ -96,6 +96,27 @@ class TestPublish:
         assert again.stdout == first.stdout
         assert await streams_redis.xlen(SCAN.stream_for("job-7")) == 1
 
+    async def test_the_reference_designs_queued_and_done_are_published_as_such(
+        self, env: dict[str, str], streams_redis: Redis
+    ) -> None:
+        base = ("publish", "--job", "job-7")
+        queued = await eco_router(env, *base, "--stage", "queued", "--status", "started")
+        done = await eco_router(
+            env,
+            *(*base, "--stage", "done", "--status", "completed"),
+            *("--result", '{"answer": "정상입니다"}', "--progress", "100"),
+        )
+        again = await eco_router(env, *base, "--stage", "done", "--status", "completed")
+
+        assert (queued.returncode, done.returncode, again.returncode) == (0, 0, 0), done.stderr
+        assert again.stdout == done.stdout
+        fields = [f for _, f in await streams_redis.xrange(SCAN.stream_for("job-7"))]
+        assert [(f[b"stage"], f[b"status"], f[b"seq"]) for f in fields] == [
+            (b"queued", b"started", b"0"),
+            (b"done", b"completed", b"51"),
+        ]
+        assert fields[1][b"result"].decode() == '{"answer":"정상입니다"}'
+
     async def test_stages_and_seq_options_set_the_seq(
         self, env: dict[str, str], streams_redis: Redis
     ) -> None:

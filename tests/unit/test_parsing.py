@@ -174,13 +174,21 @@ class TestValidEntries:
     ) -> None:
         # The reference design's producer writes every field, "" for the ones it has not got.
         event = parsed_event(
-            make_fields(stage="", status="", ts="", progress="", result="", trace_id="")
+            make_fields(
+                stage="",
+                status="",
+                ts="",
+                progress="",
+                result="",
+                trace_id="",
+                span_id="",
+                traceparent="",
+            )
         )
 
         assert (event.stage, event.status, event.ts, event.progress) == (None, None, None, None)
         assert event.has_result is False
         assert event.as_payload() == {
-            "trace_id": "",
             "job_id": "job-1",
             "seq": 1,
             "stream_id": ENTRY_ID,
@@ -208,6 +216,61 @@ class TestValidEntries:
 
         assert event.has_result is True
         assert event.result is None
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class TestTraceContext:
+    def test_a_valid_traceparent_and_its_tracestate_pass_through(self) -> None:
+        event = parsed_event(
+            make_fields(traceparent=TRACEPARENT, tracestate="vendor=opaque", trace_id="4bf9")
+        )
+
+        assert event.as_payload()["traceparent"] == TRACEPARENT
+        assert event.extra == {
+            "traceparent": TRACEPARENT,
+            "tracestate": "vendor=opaque",
+            "trace_id": "4bf9",
+        }
+
+    def test_empty_trace_fields_are_dropped_not_published_empty(self) -> None:
+        event = parsed_event(make_fields(traceparent="", tracestate="", trace_id="", span_id=""))
+
+        assert event.extra == {}
+
+    def test_a_traceparent_in_capitals_or_with_spaces_is_published_in_lowercase(self) -> None:
+        event = parsed_event(make_fields(traceparent=f"  {TRACEPARENT.upper()} "))
+
+        assert event.extra["traceparent"] == TRACEPARENT
+
+    def test_a_later_version_may_carry_more_fields(self) -> None:
+        later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds"
+
+        assert parsed_event(make_fields(traceparent=later)).extra["traceparent"] == later
+
+    @pytest.mark.parametrize(
+        "malformed",
+        [
+            pytest.param("not a traceparent", id="text"),
+            pytest.param(TRACEPARENT[:-1], id="short flags"),
+            pytest.param(TRACEPARENT.replace("-", "_"), id="underscores"),
+            pytest.param("ff" + TRACEPARENT[2:], id="version ff"),
+            pytest.param(TRACEPARENT + "-extra", id="version 00 with more fields"),
+            pytest.param(f"00-{'0' * 32}-00f067aa0ba902b7-01", id="zero trace id"),
+            pytest.param(f"00-4bf92f3577b34da6a3ce929d0e0e4736-{'0' * 16}-01", id="zero parent"),
+            pytest.param("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", id="non-hex"),
+        ],
+    )
+    def test_a_malformed_traceparent_is_dropped_with_its_tracestate_and_the_event_kept(
+        self, malformed: str
+    ) -> None:
+        event = parsed_event(
+            make_fields(traceparent=malformed, tracestate="vendor=opaque", span_id="00f0")
+        )
+
+        assert event.extra == {"span_id": "00f0"}
+        assert event.seq == 1
 
 
 class TestPayload:

@@ -301,6 +301,11 @@ class TestUnknownVariables:
             "EVENT_ROUTER_QQQQQQQQ is not a setting and is ignored",
         ]
 
+    def test_the_producer_sdks_variables_are_no_typos(self) -> None:
+        environ = {"EVENT_ROUTER_PRODUCER_DOMAIN": "scan", "EVENT_ROUTER_PRODUCER_SHARDS": "4"}
+
+        assert unknown_variables(environ) == []
+
     def test_the_cli_warns_once_at_startup(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:

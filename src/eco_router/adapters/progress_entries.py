@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from eco_router.adapters.trace_context import current_trace_fields
 from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import EventSizeLimits
 from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
@@ -66,7 +67,7 @@ class ProducerConfig:
         stream = self.family.stream_for(event.job_id)
         # The hash tag puts the marker in the stream's Redis Cluster slot: one script, one slot.
         marker = f"{slot_named(stream)}:once:{event.idempotency_suffix}"
-        fields = stream_fields(event)
+        fields = stream_fields(event) | current_trace_fields()
         self._check_routable(stream, fields)
         return PreparedEntry(stream, marker, fields)
 

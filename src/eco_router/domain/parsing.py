@@ -17,6 +17,12 @@ MAX_SEQ = 2**53 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 # Producers on the reference design write every field as a string, an absent one as "".
 OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
+# Trace context passes through to the published event; the reference producer writes the
+# fields empty when it has no span, which would only put "" in front of browsers.
+TRACE_FIELDS = ("traceparent", "tracestate", "trace_id", "span_id")
+# W3C Trace Context: version-trace_id-parent_id-flags, lowercase hex; a future version may
+# append fields after a dash.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
 
 class _NotFinite(ValueError):
@@ -43,9 +49,10 @@ def parse_entry(
             text[raw_name.decode()] = raw_value.decode()
         except UnicodeDecodeError:
             return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
-    for name in OPTIONAL_FIELDS:
+    for name in (*OPTIONAL_FIELDS, *TRACE_FIELDS):
         if text.get(name) == "":
             del text[name]
+    _keep_valid_trace_context(text)
 
     job_id = text.get("job_id", "")
     if not job_id:
@@ -103,6 +110,34 @@ def parse_entry(
         has_result=has_result,
         extra={name: value for name, value in text.items() if name not in RESERVED_FIELDS},
     )
+
+
+def traceparent(text: str) -> str | None:
+    """`text` as a W3C `traceparent` (trimmed, in lowercase), or None if it is not one."""
+    value = text.strip().lower()
+    found = _TRACEPARENT.fullmatch(value)
+    if found is None:
+        return None
+    version, trace_id, parent_id, _, rest = found.groups()
+    if version == "ff" or (version == "00" and rest is not None):
+        return None
+    if trace_id == "0" * 32 or parent_id == "0" * 16:
+        return None
+    return value
+
+
+def _keep_valid_trace_context(text: dict[str, str]) -> None:
+    """A malformed `traceparent` is dropped with its `tracestate`, as W3C Trace Context tells
+    a receiver to; the event itself is never refused for it."""
+    raw = text.get("traceparent")
+    if raw is None:
+        return
+    valid = traceparent(raw)
+    if valid is None:
+        del text["traceparent"]
+        text.pop("tracestate", None)
+    else:
+        text["traceparent"] = valid
 
 
 def _refuse_constant(name: str) -> object:

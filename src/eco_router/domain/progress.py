@@ -14,6 +14,8 @@ from eco_router.domain.parsing import JOB_ID_PATTERN, MAX_SEQ
 
 DEFAULT_STAGES = ("vision", "rule", "answer", "reward")
 STAGE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+QUEUED_STAGE = "queued"
+DONE_STAGE = "done"
 
 
 class Status(StrEnum):
@@ -27,6 +29,17 @@ class Status(StrEnum):
 
 
 _STAGE_OFFSET = {Status.STARTED: 0, Status.COMPLETED: 1, Status.FAILED: 2}
+# The reference design's vocabulary: its pseudo-stages `queued` and `done` with a plain status.
+_RESERVED_STAGE_STATUS = {
+    (QUEUED_STAGE, Status.STARTED): Status.QUEUED,
+    (DONE_STAGE, Status.COMPLETED): Status.DONE,
+}
+
+
+def job_status(stage: str, status: Status) -> Status:
+    """What an event says of the job: ("queued", "started") is `queued` and ("done",
+    "completed") is `done`, as the reference design writes them; anything else is `status`."""
+    return _RESERVED_STAGE_STATUS.get((stage, status), status)
 
 
 class InvalidProgressEvent(DomainError, ValueError):
@@ -39,7 +52,8 @@ class StagePlan:
 
     `queued` is 0; the n-th stage (1-based) is n·10 when started, n·10+1 when completed and
     n·10+2 when failed; `done` is (stages+1)·10+1, above everything else. A retried call gets
-    the same seq and `failed` never collides with `started`.
+    the same seq and `failed` never collides with `started`. `queued` and `done` are the
+    status `queued` / `done` (any stage name) or the stage `queued` started / `done` completed.
     """
 
     stages: tuple[str, ...] = DEFAULT_STAGES
@@ -53,10 +67,17 @@ class StagePlan:
         return (len(self.stages) + 1) * 10 + 1
 
     def seq_for(self, stage: str, status: Status) -> int:
+        status = job_status(stage, status)
         if status is Status.QUEUED:
             return 0
         if status is Status.DONE:
             return self.done_seq
+        if stage in (QUEUED_STAGE, DONE_STAGE) and stage not in self.stages:
+            expected = "started" if stage == QUEUED_STAGE else "completed"
+            raise InvalidProgressEvent(
+                f"stage {stage!r} takes status {expected!r} (or {stage!r}), not {status.value!r}; "
+                "report a failure on the stage that failed"
+            )
         if stage not in self.stages:
             raise InvalidProgressEvent(
                 f"stage {stage!r} is not in the plan {list(self.stages)}; pass seq explicitly"
@@ -82,9 +103,11 @@ class ProgressEvent:
         """What makes two publishes "the same event": the job, the stage and the status.
 
         The job id's length goes first: ids and stages may contain `:`, and ("a:b", "c") must
-        not meet ("a", "b:c").
+        not meet ("a", "b:c"). ("done", "completed") is the same event as ("done", "done"),
+        and ("queued", "started") as ("queued", "queued").
         """
-        return f"{len(self.job_id)}:{self.job_id}:{self.stage}:{self.status.value}"
+        status = job_status(self.stage, self.status)
+        return f"{len(self.job_id)}:{self.job_id}:{self.stage}:{status.value}"
 
 
 def progress_event(

@@ -32,8 +32,11 @@ from eco_router.domain.event_size import (
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.cors import parse_origins
+from eco_router.producer import DOMAIN_VARIABLE, SHARDS_VARIABLE
 
 _ENV_PREFIX = "EVENT_ROUTER_"
+# Read by the producer SDK, not by the router: a shared environment may well hold them.
+_PRODUCER_VARIABLES = frozenset({DOMAIN_VARIABLE, SHARDS_VARIABLE})
 
 
 def default_consumer_name() -> str:
@@ -307,7 +310,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     warnings = []
     for name in sorted(environ):
         suffix = name.removeprefix(_ENV_PREFIX)
-        if suffix == name or suffix in known:
+        if suffix == name or suffix in known or name in _PRODUCER_VARIABLES:
             continue
         # Matched without the shared prefix, which would make every name look close.
         close = difflib.get_close_matches(suffix, known, n=1)
