@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from eco_router.entrypoints.settings import parse_families
 from tests.deploy.monitoring_support import AUTOSCALING, DASHBOARD, MONITORING, kubectl
-
-# The kit's EVENT_ROUTER_STREAMS: scan:events=4,chat:events=4.
-SHARDS = 8
+from tests.deploy.tools import render as render_kit
 
 
 def render(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -80,7 +79,7 @@ class TestAutoscaling:
 
         assert spec["scaleTargetRef"]["name"] == "router"
         assert spec["minReplicaCount"] == 1
-        assert 1 < spec["maxReplicaCount"] <= SHARDS
+        assert 1 < spec["maxReplicaCount"] <= configured_shards()
         behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
         assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
 
@@ -103,3 +102,13 @@ class TestAutoscaling:
                 == "http://prometheus-operated.monitoring.svc:9090"
             )
             assert float(trigger["metadata"]["threshold"]) > 0
+
+
+def configured_shards() -> int:
+    """The shards of the base's EVENT_ROUTER_STREAMS: more routers than these only stand by."""
+    (config,) = [
+        doc
+        for doc in render_kit("base")
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("eco-router-config")
+    ]
+    return sum(f.shards for f in parse_families(config["data"]["EVENT_ROUTER_STREAMS"]))
