@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv redis-server chromium prometheus test lint run worker bench bench-sse soak \
-	reliability-report image fmt clean
+	reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(STAMP)
 
@@ -68,8 +68,20 @@ worker: venv
 
 # QUICK=1: smaller backlogs and fewer rounds, about a minute and a half. ONLY=topologies runs
 # the topology comparison (standalone, Sentinel, Cluster) alone.
+# Ends by naming the figures that moved beyond the noise from bench/recorded/router.json.
 bench: venv redis-server
 	$(BIN)/python -m bench.router_bench $(if $(QUICK),--quick) $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python -m bench.regression_guard
+
+# Keeps the last `make bench` figures as the ones later runs are compared with.
+bench-record:
+	mkdir -p bench/recorded
+	cp bench/results/router.json bench/recorded/router.json
+
+# Events/s and Redis CPU per event by batch size and shard count; the worker's memory over
+# 1 million events of 100,000 jobs (QUICK=1: 100,000 events).
+bench-scaling: venv redis-server
+	$(BIN)/python -m bench.scaling_curve $(if $(QUICK),--quick)
 
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench
