@@ -96,8 +96,10 @@ def measure_memory(total_events: int, seed: int) -> list[dict[str, float]]:
             while written < total_events:
                 _write_jobs(client, written, MEMORY_BATCH)
                 written += MEMORY_BATCH
+                # Drained batch by batch: the streams are trimmed (MAXLEN ~10,000), so a
+                # larger backlog would lose entries before the router reads them.
+                _wait_drained(client, written)
                 if written % every == 0 or written >= total_events:
-                    _wait_drained(client, written)
                     sample = _memory_sample(
                         written, written // EVENTS_PER_JOB, worker.rss_kib(), client
                     )
