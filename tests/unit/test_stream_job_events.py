@@ -124,7 +124,7 @@ class Viewer:
         return self.seen
 
     async def has_seen(self, count: int) -> list[str]:
-        await eventually(lambda: len(self.frames) >= count)
+        await eventually(lambda: len(self.seen) >= count)
         return self.seen
 
     async def disconnect(self) -> None:
@@ -135,7 +135,12 @@ class Viewer:
 
 def describe(frames: list[bytes]) -> list[str]:
     """Frames as short strings: `3:scan`, `snapshot:5`, `snapshot:null`, `keepalive`, `error:x`."""
-    return [_describe(frame) for frame in frames]
+    # A chunk may hold several frames (the replay, or live events already waiting).
+    return [
+        _describe(frame + b"\n\n")
+        for chunk in frames
+        for frame in chunk.removesuffix(b"\n\n").split(b"\n\n")
+    ]
 
 
 def _describe(frame: bytes) -> str:
@@ -644,7 +649,7 @@ class TestSlowClients:
             frames = []
             async for frame in gateway.stream("scan", "job-1", None):
                 frames.append(frame)
-                if len(frames) == 2:  # lost while the feed was down
+                if len(describe(frames)) == 2:  # lost while the feed was down
                     await gateway.produce("job-1", 3)
                     await gateway.produce("job-1", 4, **DONE)
             return describe(frames)
@@ -668,7 +673,9 @@ class TestSlowClients:
             frames = []
             async for frame in gateway.stream("scan", "job-1", None):
                 frames.append(frame)
-                if len(frames) == 2:  # 3 and 4 are trimmed from the history before the gap
+                if (
+                    len(describe(frames)) == 2
+                ):  # 3 and 4 are trimmed from the history before the gap
                     await gateway.produce("job-1", 3, 4, 5, 6)
                     await gateway.produce("job-1", 9, **DONE)
             return describe(frames)

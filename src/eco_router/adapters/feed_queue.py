@@ -101,6 +101,12 @@ class ViewerQueue:
         self._closed = True
         self._ready.set()
 
+    def get_nowait(self) -> GatewayEvent | None:
+        """The next queued event, unless a gap notice comes first (then None)."""
+        if self._gap is not None:
+            return None
+        return self._buffer.pop()
+
     async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         if not len(self._buffer) and self._gap is None and not self._closed:
             self._ready.clear()

@@ -290,6 +290,11 @@ class FeedSubscription(Protocol):
         is closed and the events already received are taken, `FeedClosed`."""
         ...
 
+    def next_nowait(self) -> GatewayEvent | None:
+        """The next event if one is queued and no gap or close notice comes first; else None
+        (`next` then tells what there is). A subscription may always answer None."""
+        return None
+
     async def close(self) -> None:
         """Stop receiving; the channel is unsubscribed when its last viewer closes."""
         ...

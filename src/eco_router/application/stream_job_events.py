@@ -52,7 +52,8 @@ class StreamLimits:
 
 
 class StreamJobEvents:
-    """Yield the SSE frames of one job for one client until the job ends.
+    """Yield the SSE frames of one job for one client until the job ends (a chunk may hold
+    several frames: the replay, or live events that were already waiting, in one write).
 
     - Subscribe first, then read history and state: nothing published in between is lost.
     - Replay, in seq order, every history event after the client's Last-Event-ID (none: from
@@ -144,8 +145,8 @@ class StreamJobEvents:
         replay: list[bytes],
     ) -> AsyncGenerator[bytes]:
         try:
-            for frame in replay:
-                yield frame
+            if replay:
+                yield b"".join(replay)
             if cursor.ended:
                 stream.reason = cursor.ended
                 return
@@ -172,9 +173,12 @@ class StreamJobEvents:
                     frames = await self._catch_up(domain, job_id, cursor)
                 else:
                     frames = self._live(item, cursor)
-                for frame in frames:
-                    yield frame
+                    # Events already queued go out in the same write: a viewer that fell
+                    # behind catches up in one send instead of one per event.
+                    while not cursor.ended and (more := subscription.next_nowait()) is not None:
+                        frames += self._live(more, cursor)
                 if frames:
+                    yield frames[0] if len(frames) == 1 else b"".join(frames)
                     last_write = self._clock.monotonic()
                 if cursor.ended:
                     stream.reason = cursor.ended

@@ -48,6 +48,9 @@ class InMemoryFeedSubscription(FeedSubscription):
     async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self._viewer.get(timeout_s)
 
+    def next_nowait(self) -> GatewayEvent | None:
+        return self._viewer.get_nowait()
+
     async def close(self) -> None:
         self._open_viewers.discard(self._viewer)
         self._broadcaster.unsubscribe(self._channel, self._source)
