@@ -91,6 +91,11 @@ def free_port() -> int:
         return port
 
 
+def gateway_fds(max_connections: int) -> int:
+    """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit)."""
+    return 3 * max_connections + 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One gateway the table compares."""
@@ -129,7 +134,7 @@ class Gateway(RouterProcess):
             command = [sys.executable, "-m", "eco_router.entrypoints.cli", *command[1:]]
 
         def limit_fds() -> None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (2 * fds, 2 * fds))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (gateway_fds(fds), gateway_fds(fds)))
 
         super().__init__(command, env=env, name="gateway", preexec_fn=limit_fds)
 
@@ -401,8 +406,8 @@ class Report:
 
 
 def run(args: argparse.Namespace) -> Report:
-    fds, _ = raise_fd_limit(2 * max(args.connections, args.viewers) + FD_HEADROOM)
     fds = max(args.connections, args.viewers) + FD_HEADROOM
+    raise_fd_limit(gateway_fds(fds))
     columns = [Column("this tree")]
     results = []
     with ExitStack() as stack:

@@ -13,6 +13,7 @@ from eco_router.application.ports import (
     EventDecoder,
     EventFeed,
     FeedSubscription,
+    FrameWriter,
     GatewayMetrics,
     StateStore,
 )
@@ -151,8 +152,12 @@ class StreamJobEvents:
                 stream.reason = cursor.ended
                 return
             started = last_write = self._clock.monotonic()
+            if stream.writer is not None:
+                writer = stream.writer
+                subscription.write_through(lambda event: self._write_through(event, cursor, writer))
             while True:
                 now = self._clock.monotonic()
+                last_write = max(last_write, cursor.last_write)
                 wait_left = started + self._limits.max_wait_s - now
                 if wait_left <= 0:
                     yield error_frame("timeout")
@@ -188,6 +193,7 @@ class StreamJobEvents:
             log.warning("ending the stream of job %s: %s", job_id, error)
             stream.reason = "error"
         finally:
+            subscription.write_through(None)
             await stream.release()
 
     async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
@@ -218,6 +224,18 @@ class StreamJobEvents:
         if state is not None and _has_end(state, cursor.last_sent):
             cursor.ended = _end_reason(state)  # the client already has the end of this job
         return frames
+
+    def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
+        """A live event written at once, from the feed's fan-out, while the stream waits: no
+        task switch per viewer. A terminal event still goes through the queue: the stream
+        ends with it."""
+        if event.terminal or not writer.writable():
+            return False
+        frames = self._live(event, cursor)
+        if frames:
+            writer.write(frames[0])
+            cursor.last_write = self._clock.monotonic()
+        return True
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
         if not cursor.take(event):
@@ -254,6 +272,8 @@ class JobStream:
         frames: Callable[[JobStream], AsyncGenerator[bytes]],
     ) -> None:
         self.reason = "disconnect"
+        # Set before iterating: live events may then be written straight to the client.
+        self.writer: FrameWriter | None = None
         self._subscription = subscription
         self._metrics = metrics
         self._released = False
@@ -282,6 +302,7 @@ class _Cursor:
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
+        self.last_write = 0.0
         self._resumed_after = last_event_id
         self._sent: set[int] = set()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
@@ -50,6 +51,9 @@ class InMemoryFeedSubscription(FeedSubscription):
 
     def next_nowait(self) -> GatewayEvent | None:
         return self._viewer.get_nowait()
+
+    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+        self._viewer.write_through = handler
 
     async def close(self) -> None:
         self._open_viewers.discard(self._viewer)

@@ -34,6 +34,9 @@ class Viewer(FeedSubscription):
     def next_nowait(self) -> GatewayEvent | None:
         return self.queue.get_nowait()
 
+    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+        self.queue.write_through = handler
+
     async def close(self) -> None:
         # Closed from a disconnected client's task while it is being cancelled: leaving (and
         # unsubscribing after the last viewer) must finish all the same.

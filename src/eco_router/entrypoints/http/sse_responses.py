@@ -13,6 +13,7 @@ from starlette.types import Receive, Scope, Send
 from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
+from eco_router.entrypoints.http.frame_writer import FRAME_WRITER
 
 JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 # A seq is at most a signed 64-bit integer; longer ids are not ours (and `int()` of thousands
@@ -55,6 +56,7 @@ async def job_event_stream(
     except BaseException:
         client_streams.release(client)
         raise
+    opened.writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
 
     async def close() -> None:
         try:
