@@ -11,15 +11,16 @@ throwaway redis-servers (streams, Pub/Sub) with one `eco-router worker` routing:
 - `reference`: `bench/reference_gateway.py`, the reference design's gateway: one Pub/Sub
   subscription (connection) per client.
 
-Per column, in order:
-1. Fan-out: `--viewers` connections on one job, `--fanout-rate` events/s on it for
-   `--seconds`: frames/s delivered, latency on `PROBES` decoding viewers, gateway CPU.
-2. Spread: `--connections` connections, each on its own job (accept rate, gateway CPU per
+Per column, a fresh gateway process for the spread (then SIGTERM) and another for the
+fan-out (the client runs on uvloop, as the gateway does):
+1. Spread: `--connections` connections, each on its own job (accept rate, gateway CPU per
    accepted connection, RSS per connection), then `--rate` events/s round-robin over the
    jobs: latency p50/p99/max, gateway CPU per delivered event; full GC pauses of the
    gateway during all of it (logged by the gateway at DEBUG; the baseline may not log them).
-3. SIGTERM with the spread's connections still open: how many streams got their end (clean)
+2. SIGTERM with the spread's connections still open: how many streams got their end (clean)
    and how many were cut, and how long until the last one ended.
+3. Fan-out: `--viewers` connections on one job, `--fanout-rate` events/s on it for
+   `--seconds`: frames/s delivered, latency on `PROBES` decoding viewers, gateway CPU.
 
 Latency = the client's receive time - the millisecond part of the entry id (`stream_id` in
 the event's data); it includes the worker's routing. Same host, same clock.
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
@@ -56,7 +59,7 @@ from eco_router.testing import RedisServer
 DOMAIN = "scan"
 SHARDS = 4
 RESULTS_PATH = RESULTS_DIR / "sse.json"
-FD_HEADROOM = 1_024
+FD_HEADROOM = 200
 SETTLE_S = 1.0
 WAIT_AFTER_S = 5.0
 PRODUCER_MAX_IN_FLIGHT = 100
@@ -92,8 +95,11 @@ def free_port() -> int:
 
 
 def gateway_fds(max_connections: int) -> int:
-    """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit)."""
-    return 3 * max_connections + 10_000
+    """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit, with
+    a warning: past about 6,400 connections under a hard limit of 20,000)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 3 * max_connections + 10_000
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,17 +388,21 @@ def run_column(column: Column, args: argparse.Namespace, fds: int) -> Result:
     with ExitStack() as stack:
         streams, pubsub = stack.enter_context(servers(max(args.connections, args.viewers)))
         worker = stack.enter_context(Worker(streams.url, pubsub.url))
-        gateway = stack.enter_context(Gateway(column, streams.url, pubsub.url, fds=fds))
         worker.wait_ready()
-        gateway.wait_ready()
+        # A fresh gateway per scenario: RSS per connection is measured on a heap the fan-out
+        # has not grown, and the SIGTERM ends the first one.
+        with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
+            gateway.wait_ready()
 
-        async def measure() -> None:
-            if args.viewers:
-                await fan_out(gateway, streams.url, args, result)
-            connections = await spread(gateway, streams.url, args, result)
-            await shutdown(gateway, connections, result)
+            async def spread_and_stop() -> None:
+                connections = await spread(gateway, streams.url, args, result)
+                await shutdown(gateway, connections, result)
 
-        asyncio.run(measure())
+            uvloop.run(spread_and_stop())
+        if args.viewers:
+            with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
+                gateway.wait_ready()
+                uvloop.run(fan_out(gateway, streams.url, args, result))
     return result
 
 

@@ -84,8 +84,7 @@ class SseConnection(asyncio.Protocol):
         self._need_crlf = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         transport.write(self._request)
 
     def data_received(self, data: bytes) -> None:
