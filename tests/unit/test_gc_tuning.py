@@ -41,6 +41,14 @@ class TestFullCollections:
         gc.collect()
         assert gc.get_freeze_count() >= frozen + len(kept)
 
+    def test_a_middle_generation_collection_freezes_what_survived_it_too(
+        self, settled: None
+    ) -> None:
+        frozen = gc.get_freeze_count()
+        kept = [Node() for _ in range(1_000)]
+        gc.collect(1)
+        assert gc.get_freeze_count() >= frozen + len(kept)
+
     def test_a_cycle_frozen_while_alive_is_kept_until_the_sweep(self, settled: None) -> None:
         node, ref = a_cycle()
         gc.collect()  # frozen while alive

@@ -24,11 +24,11 @@ def settle_garbage_collector() -> None:
     collection over them paused the event loop for ~150 ms every 10-12 s (the p99 of event
     delivery); frozen and with rarer young collections, the p99 stays at a few milliseconds.
 
-    Every full collection then freezes what survived it, so the next one only looks at
-    objects created since: with thousands of streams open a full collection over all of
-    them paused the loop for 0.5-0.9 s. Garbage cycles among frozen objects (streams that
-    ended after they were frozen) wait for the sweep every `FULL_SWEEP_S`, which unfreezes
-    everything first.
+    Every collection of the middle or oldest generation then freezes what survived it, so
+    a full collection only looks at objects created since: with thousands of streams open,
+    one over all of them paused the loop for 0.5 s as the connections opened. Garbage cycles
+    among frozen objects (streams that ended after they were frozen) wait for the sweep every
+    `FULL_SWEEP_S`, which unfreezes everything first.
     """
     gc.collect()
     gc.freeze()
@@ -52,7 +52,7 @@ def _collections(phase: str, info: dict[str, int]) -> None:
             _State.last_sweep = time.monotonic()
             gc.unfreeze()
         return
-    if full:
+    if info["generation"] >= 1:
         gc.freeze()
     pause_ms = (now - _State.started) * 1000
     if pause_ms >= LOGGED_PAUSE_MS and log.isEnabledFor(logging.DEBUG):
