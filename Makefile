@@ -83,8 +83,9 @@ bench-record:
 bench-scaling: venv redis-server
 	$(BIN)/python -m bench.scaling_curve $(if $(QUICK),--quick)
 
+# QUICK=1: 2,000 connections, 1,000 viewers of one job, 5 s of events per scenario.
 bench-sse: venv redis-server
-	$(BIN)/python -m bench.sse_bench
+	$(BIN)/python -m bench.sse_bench $(if $(QUICK),--quick)
 
 # Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
 soak: venv redis-server

@@ -1,20 +1,29 @@
-"""SSE gateway benchmark: concurrent connections, delivery latency and memory per connection.
+"""SSE gateway benchmark: connections, delivery latency, fan-out, memory, CPU, GC, shutdown.
 
-Run from the repository root: `.venv/bin/python -m bench.sse_bench` (or `make bench-sse`).
+Run from the repository root: `.venv/bin/python -m bench.sse_bench [--quick]` (or
+`make bench-sse`).
 
-- Two throwaway redis-server processes (streams, Pub/Sub) and one `eco-router serve`
-  subprocess: the HTTP app with the router inside, as one gateway pod runs it.
-- This process is the client: one asyncio loop holding `--connections` raw-socket SSE
-  connections, each on its own job (`GET /api/v1/scan/{job}/events`). A connection counts as
-  established once its first frame (the snapshot of a job not yet known) arrived: the gateway
-  writes it after Redis confirmed the job's channel subscription.
-- A separate producer process then publishes `--rate` events/s in all, round-robin over the
-  jobs, for `--seconds`, through the producer API (`eco_router.producer.connect_async`, a few
-  concurrent calls on its connection pool every tick, paced on a schedule).
-- Latency = the client's receive time - the millisecond part of the entry id (`stream_id` in
-  the event's data); same host, same clock; ids truncate to the millisecond.
-- Memory per connection = (VmRSS of the serve process with every connection open - VmRSS
-  before connecting, after one warm-up connection) / connections, from /proc/<pid>/status.
+Every column of the table is one gateway, measured in the same run, each on fresh
+throwaway redis-servers (streams, Pub/Sub) with one `eco-router worker` routing:
+- `this tree`: `eco-router serve --no-router` of this checkout;
+- `baseline`: the same command run from another commit's `src/` (`--baseline-ref`,
+  PYTHONPATH, as the router benchmark does);
+- `reference`: `bench/reference_gateway.py`, the reference design's gateway: one Pub/Sub
+  subscription (connection) per client.
+
+Per column, a fresh gateway process for the spread (then SIGTERM) and another for the
+fan-out (the client runs on uvloop, as the gateway does):
+1. Spread: `--connections` connections, each on its own job (accept rate, gateway CPU per
+   accepted connection, RSS per connection), then `--rate` events/s round-robin over the
+   jobs: latency p50/p99/max, gateway CPU per delivered event; full GC pauses of the
+   gateway during all of it (logged by the gateway at DEBUG; the baseline may not log them).
+2. SIGTERM with the spread's connections still open: how many streams got their end (clean)
+   and how many were cut, and how long until the last one ended.
+3. Fan-out: `--viewers` connections on one job, `--fanout-rate` events/s on it for
+   `--seconds`: frames/s delivered, latency on `PROBES` decoding viewers, gateway CPU.
+
+Latency = the client's receive time - the millisecond part of the entry id (`stream_id` in
+the event's data); it includes the worker's routing. Same host, same clock.
 """
 
 from __future__ import annotations
@@ -23,43 +32,41 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
+import re
 import resource
 import signal
 import socket
 import sys
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
+import uvloop
 
+from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
-from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, ms, percentile, run_benchmark, step
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
+from bench.sse_client import SseConnection, Tally, open_connections
 from eco_router.producer import connect_async, producer_config
+from eco_router.testing import RedisServer
 
 DOMAIN = "scan"
 SHARDS = 4
 RESULTS_PATH = RESULTS_DIR / "sse.json"
-
-# File descriptors beyond one per connection: Redis pools, logs, the interpreter's own.
-FD_HEADROOM = 1_024
-CONNECT_CONCURRENCY = 200
-CONNECT_TIMEOUT_S = 60.0
-# Lets the allocator settle before RSS is read.
+FD_HEADROOM = 200
 SETTLE_S = 1.0
 WAIT_AFTER_S = 5.0
-# Calls in flight on the producer's pool at most, when a tick has fallen behind.
 PRODUCER_MAX_IN_FLIGHT = 100
 POLL_INTERVAL_S = 0.05
-
-
-# --------------------------------------------------------------------------- the gateway process
+PROBES = 200
+SHUTDOWN_WAIT_S = 40.0
+GC_LINE = re.compile(r"gc pause: generation (\d) ([0-9.]+) ms")
 
 
 def raise_fd_limit(needed: int) -> tuple[int, int]:
@@ -69,7 +76,6 @@ def raise_fd_limit(needed: int) -> tuple[int, int]:
         return soft, hard
     if hard != resource.RLIM_INFINITY and hard < needed:
         try:
-            # Only root may raise the hard limit.
             resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))
         except (ValueError, OSError) as error:
             raise SystemExit(
@@ -88,60 +94,85 @@ def free_port() -> int:
         return port
 
 
-class Gateway(RouterProcess):
-    """`eco-router serve` (router and SSE gateway in one process) on a free loopback port."""
+def gateway_fds(max_connections: int) -> int:
+    """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit, with
+    a warning: past about 6,400 connections under a hard limit of 20,000)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 3 * max_connections + 10_000
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
-    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One gateway the table compares."""
+
+    title: str
+    reference: bool = False
+    source: BaselineSource | None = None
+
+
+class Gateway(RouterProcess):
+    """A gateway process on a free loopback port: `serve --no-router`, or the reference."""
+
     clean_exits = (0, -signal.SIGTERM, -signal.SIGKILL)
     stop_timeout_s = 15.0
 
-    def __init__(self, streams_url: str, pubsub_url: str, *, fd_limit: int) -> None:
+    def __init__(self, column: Column, streams_url: str, pubsub_url: str, *, fds: int) -> None:
         self.port = free_port()
         env = eco_router_env(
             streams_url,
             pubsub_url,
             EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
-            EVENT_ROUTER_CONSUMER_NAME="bench-gateway",
-            EVENT_ROUTER_LOG_LEVEL="WARNING",
+            EVENT_ROUTER_LOG_LEVEL="DEBUG",
             EVENT_ROUTER_GATEWAY_METRICS="true",
+            EVENT_ROUTER_HTTP_MAX_CONNECTIONS=str(fds),
+            EVENT_ROUTER_SSE_MAX_PER_CLIENT="100000",
         )
-        command = eco_router_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
+        if column.reference:
+            command = [sys.executable, "-m", "bench.reference_gateway", "--port", str(self.port)]
+            command += ["--pubsub-url", pubsub_url]
+        else:
+            command = eco_router_command(
+                "serve", "--no-router", "--host", "127.0.0.1", "--port", str(self.port)
+            )
+        if column.source is not None:
+            env["PYTHONPATH"] = column.source.pythonpath()
+            command = [sys.executable, "-m", "eco_router.entrypoints.cli", *command[1:]]
 
         def limit_fds() -> None:
-            # Inherited anyway; set explicitly so the gateway's limit does not depend on ours.
-            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (gateway_fds(fds), gateway_fds(fds)))
 
         super().__init__(command, env=env, name="gateway", preexec_fn=limit_fds)
 
-    @property
-    def base_url(self) -> str:
+    def http_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def gc_pauses_ms(self) -> list[float]:
+        """Full (generation 2) collections the gateway logged, in ms."""
+        if not self._log.closed:
+            self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        return [float(m[2]) for m in GC_LINE.finditer(text) if m[1] == "2"]
+
+
+class Worker(RouterProcess):
+    """`eco-router worker` of this tree: routes the producer's events to Pub/Sub."""
+
+    def __init__(self, streams_url: str, pubsub_url: str) -> None:
+        env = eco_router_env(
+            streams_url,
+            pubsub_url,
+            EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
+            EVENT_ROUTER_CONSUMER_NAME="bench-worker",
+            EVENT_ROUTER_HTTP_HOST="127.0.0.1",
+            EVENT_ROUTER_HTTP_PORT=str(free_port()),
+            EVENT_ROUTER_LOG_LEVEL="WARNING",
+        )
+        self._port = env["EVENT_ROUTER_HTTP_PORT"]
+        super().__init__(eco_router_command("worker"), env=env, name="worker")
+
     def http_url(self) -> str:
-        return self.base_url
-
-    def fd_limit(self) -> str:
-        """The gateway's own `Max open files` soft limit, from /proc/<pid>/limits."""
-        for line in Path(f"/proc/{self.process.pid}/limits").read_text().splitlines():
-            if line.startswith("Max open files"):
-                return line.split()[3]
-        return "?"
-
-    def metrics(self) -> dict[str, float]:
-        """The gateway's own counters from /metrics (unlabelled sums), or {} if unreachable."""
-        text = self.http_get("/metrics", timeout=5)
-        if text is None:
-            return {}
-        figures: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("event_router_gateway_") and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                key = name.partition("{")[0]
-                figures[key] = figures.get(key, 0.0) + float(value)
-        return figures
-
-
-# --------------------------------------------------------------------------- the producer process
+        return f"http://127.0.0.1:{self._port}"
 
 
 async def produce(url: str, job_ids: Sequence[str], rate: int, seconds: float) -> tuple[int, float]:
@@ -152,7 +183,6 @@ async def produce(url: str, job_ids: Sequence[str], rate: int, seconds: float) -
     async def publish(job: int) -> None:
         seqs[job] += 1
         seq = seqs[job]
-        # A stage per seq: the producer's idempotency key is job, stage and status.
         await publisher.publish_stage_event(
             job_ids[job], f"step-{seq}", "started", seq=seq, progress=min(99, seq)
         )
@@ -164,354 +194,314 @@ async def produce(url: str, job_ids: Sequence[str], rate: int, seconds: float) -
     return pacer.sent, pacer.elapsed_s()
 
 
-# --------------------------------------------------------------------------- the SSE client
+@dataclass(slots=True)
+class Result:
+    """The figures of one column."""
+
+    title: str
+    # fan-out
+    viewers: int = 0
+    fanout_established: int = 0
+    fanout_rate: float = 0.0
+    fanout_frames_per_s: float = 0.0
+    fanout_frames: int = 0
+    fanout_frames_expected: int = 0
+    fanout_p50_ms: float | None = None
+    fanout_p99_ms: float | None = None
+    fanout_max_ms: float | None = None
+    fanout_cpu_percent: float = 0.0
+    fanout_cpu_us_per_frame: float | None = None
+    # spread
+    connections: int = 0
+    established: int = 0
+    connect_failures: dict[str, int] = field(default_factory=dict)
+    connect_s: float = 0.0
+    accept_per_s: float = 0.0
+    connect_cpu_ms_per_connection: float = 0.0
+    rss_before_kib: int = 0
+    rss_connected_kib: int = 0
+    kib_per_connection: float = 0.0
+    rate: float = 0.0
+    events_expected: int = 0
+    events_received: int = 0
+    out_of_order: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    cpu_percent: float = 0.0
+    cpu_us_per_event: float | None = None
+    gc_full: int | None = None
+    gc_full_max_ms: float | None = None
+    # SIGTERM
+    shutdown_streams: int = 0
+    shutdown_clean: int = 0
+    shutdown_cut: int = 0
+    shutdown_last_end_s: float | None = None
+    shutdown_exit_s: float | None = None
 
 
-class Tally:
-    """What every connection received: latencies of live events and what went wrong."""
-
-    def __init__(self) -> None:
-        self.latencies_ms: list[float] = []
-        self.events = 0
-        self.out_of_order = 0
-        self.snapshots = 0
-        self.problems: Counter[str] = Counter()
-        self.all_received = asyncio.Event()
-        self._expected: int | None = None
-
-    def expect(self, events: int) -> None:
-        """Set `all_received` once `events` live events arrived in all."""
-        self._expected = events
-        self._check()
-
-    def record(self, latency_ms: float) -> None:
-        self.events += 1
-        self.latencies_ms.append(latency_ms)
-        self._check()
-
-    def _check(self) -> None:
-        if self._expected is not None and self.events >= self._expected:
-            self.all_received.set()
+def ranked(latencies: list[float], expected: int) -> list[float]:
+    # Events not received by the deadline rank as infinitely late, not as absent.
+    values = sorted(latencies)
+    return values + [math.inf] * max(0, expected - len(values))
 
 
-class SseConnection(asyncio.Protocol):
-    """One SSE stream over a raw socket: HTTP/1.1 chunked decoding, then SSE frames."""
-
-    def __init__(self, request: bytes, tally: Tally) -> None:
-        self.established: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
-        self.last_seq = -1
-        self._request = request
-        self._tally = tally
-        self._raw = bytearray()
-        self._body = bytearray()
-        self._headers_done = False
-        self._chunked = False
-        self._chunk_left = 0
-        self._need_crlf = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self._request)
-
-    def data_received(self, data: bytes) -> None:
-        received_ms = time.time() * 1000
-        self._raw += data
-        if not self._headers_done and not self._read_headers():
-            return
-        if self._chunked:
-            self._decode_chunks()
-        else:
-            self._body += self._raw
-            self._raw.clear()
-        body = self._body
-        while (end := body.find(b"\n\n")) >= 0:
-            frame = bytes(body[:end])
-            del body[: end + 2]
-            self._frame(frame, received_ms)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.established.done():
-            self.established.set_exception(ConnectionError(f"closed before a frame: {exc}"))
-        elif self.transport is not None:  # close() forgets the transport: not us
-            self._tally.problems["closed by the gateway"] += 1
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
-
-    def _read_headers(self) -> bool:
-        end = self._raw.find(b"\r\n\r\n")
-        if end < 0:
-            return False
-        head = bytes(self._raw[:end]).decode("latin-1").lower().split("\r\n")
-        del self._raw[: end + 4]
-        self._headers_done = True
-        status = head[0].split(" ", 2)
-        if len(status) < 2 or status[1] != "200":
-            self._fail(f"HTTP {head[0]}")
-            return False
-        self._chunked = "transfer-encoding: chunked" in head
-        return True
-
-    def _decode_chunks(self) -> None:
-        raw = self._raw
-        while raw:
-            if self._chunk_left:
-                take = min(self._chunk_left, len(raw))
-                self._body += raw[:take]
-                del raw[:take]
-                self._chunk_left -= take
-                self._need_crlf = self._chunk_left == 0
-            elif self._need_crlf:
-                if len(raw) < 2:
-                    return
-                del raw[:2]
-                self._need_crlf = False
-            else:
-                line_end = raw.find(b"\r\n")
-                if line_end < 0:
-                    return
-                size = int(bytes(raw[:line_end]).split(b";")[0], 16)
-                del raw[: line_end + 2]
-                if size == 0:
-                    return  # the gateway ended the stream; connection_lost follows
-                self._chunk_left = size
-
-    def _frame(self, frame: bytes, received_ms: float) -> None:
-        name = event_id = data = None
-        for line in frame.split(b"\n"):
-            key, _, value = line.partition(b": ")
-            if key == b"event":
-                name = value
-            elif key == b"id":
-                event_id = value
-            elif key == b"data":
-                data = value
-        if name == b"snapshot":
-            self._tally.snapshots += 1
-            if not self.established.done():
-                self.established.set_result(None)
-            return
-        if event_id is None or data is None:
-            if data is not None:
-                self._tally.problems[f"frame {frame[:60]!r}"] += 1
-            return  # a keepalive comment
-        seq = int(event_id)
-        if seq <= self.last_seq:
-            self._tally.out_of_order += 1
-        self.last_seq = seq
-        stream_id: str = orjson.loads(data)["stream_id"]
-        self._tally.record(received_ms - int(stream_id.partition("-")[0]))
-
-    def _fail(self, problem: str) -> None:
-        if not self.established.done():
-            self.established.set_exception(ConnectionError(problem))
-        self.close()
+async def publish_and_wait(
+    streams_url: str, jobs: Sequence[str], rate: int, seconds: float, tally: Tally, per_event: int
+) -> tuple[int, float]:
+    with ProducerProcess(
+        produce, streams_url, jobs, rate, seconds, name="sse-bench-producer"
+    ) as producer:
+        sent, publish_s = await producer.figures_async(2 * seconds + 30, poll_s=POLL_INTERVAL_S)
+    tally.expect(sent * per_event)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(WAIT_AFTER_S):
+            await tally.all_received.wait()
+    return sent, publish_s
 
 
-async def open_connections(
-    port: int, job_ids: Sequence[str], tally: Tally
-) -> tuple[dict[str, SseConnection], Counter[str]]:
-    """One SSE connection per job, `CONNECT_CONCURRENCY` opening at a time.
-
-    Returns the established connections by job id, and the failures by reason (a failed
-    connection is closed).
-    """
-    loop = asyncio.get_running_loop()
-    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-    established: dict[str, SseConnection] = {}
-    failures: Counter[str] = Counter()
-
-    async def open_one(job_id: str) -> None:
-        request = (
-            f"GET /api/v1/{DOMAIN}/{job_id}/events HTTP/1.1\r\n"
-            f"Host: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n"
-        ).encode()
-        connection: SseConnection | None = None
-        async with gate:
-            try:
-                _, connection = await loop.create_connection(
-                    lambda: SseConnection(request, tally), "127.0.0.1", port
-                )
-                async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    await connection.established
-            except (OSError, TimeoutError) as error:
-                failures[f"{type(error).__name__}: {error}".rstrip(": ")] += 1
-                if connection is not None:
-                    connection.close()
-                return
-        established[job_id] = connection
-
-    await asyncio.gather(*(open_one(job_id) for job_id in job_ids))
-    return established, failures
+async def fan_out(gateway: Gateway, streams_url: str, args: argparse.Namespace, r: Result) -> None:
+    tally = Tally()
+    job = f"fan-{time.time_ns():x}"
+    step("fan-out", f"{args.viewers:,} viewers of one job, {args.fanout_rate} events/s")
+    viewers, failures = await open_connections(
+        gateway.port, DOMAIN, [job] * args.viewers, tally, probes=PROBES
+    )
+    r.viewers, r.fanout_established = args.viewers, len(viewers)
+    await asyncio.sleep(SETTLE_S)
+    cpu = gateway.cpu_seconds()
+    sent, publish_s = await publish_and_wait(
+        streams_url, [job], args.fanout_rate, args.seconds, tally, len(viewers)
+    )
+    cpu = gateway.cpu_seconds() - cpu
+    for viewer in viewers:
+        viewer.close()
+    latencies = ranked(tally.latencies_ms, sent * min(PROBES, len(viewers)))
+    r.fanout_rate = round(sent / publish_s, 1)
+    r.fanout_frames, r.fanout_frames_expected = tally.frames, sent * len(viewers)
+    r.fanout_frames_per_s = round(tally.frames_per_s())
+    r.fanout_p50_ms = percentile(latencies, 50)
+    r.fanout_p99_ms = percentile(latencies, 99)
+    r.fanout_max_ms = percentile(latencies, 100)
+    r.fanout_cpu_percent = round(100 * cpu / publish_s, 1)
+    if tally.frames:
+        r.fanout_cpu_us_per_frame = round(1e6 * cpu / tally.frames, 1)
+    if failures:
+        r.connect_failures.update({f"fan-out: {k}": v for k, v in failures.items()})
+    await asyncio.sleep(SETTLE_S)
 
 
-# --------------------------------------------------------------------------- the run
+async def spread(
+    gateway: Gateway, streams_url: str, args: argparse.Namespace, r: Result
+) -> list[SseConnection]:
+    tally = Tally()
+    run_id = f"{time.time_ns():x}"
+    warm, _ = await open_connections(gateway.port, DOMAIN, [f"warm-{run_id}"], Tally(), probes=1)
+    for connection in warm:
+        connection.close()
+    await asyncio.sleep(SETTLE_S)
+    r.rss_before_kib = gateway.rss_kib()
+    jobs = [f"job-{run_id}-{n:05d}" for n in range(args.connections)]
+    step("connect", f"{args.connections:,} SSE connections, each on its own job")
+    cpu, started = gateway.cpu_seconds(), time.monotonic()
+    connections, failures = await open_connections(
+        gateway.port, DOMAIN, jobs, tally, probes=len(jobs)
+    )
+    r.connect_s = round(time.monotonic() - started, 2)
+    cpu = gateway.cpu_seconds() - cpu
+    r.connections, r.established = args.connections, len(connections)
+    r.connect_failures.update(failures)
+    r.accept_per_s = round(len(connections) / r.connect_s)
+    r.connect_cpu_ms_per_connection = round(1000 * cpu / max(1, len(connections)), 2)
+    await asyncio.sleep(SETTLE_S)
+    r.rss_connected_kib = gateway.rss_kib()
+    r.kib_per_connection = round(
+        (r.rss_connected_kib - r.rss_before_kib) / max(1, len(connections)), 1
+    )
+    gateway.check_alive()
+    watched = [c._request.split(b"/")[4].decode() for c in connections]
+    step("publish", f"{args.rate:,} events/s for {args.seconds:g} s over {len(watched):,} jobs")
+    cpu = gateway.cpu_seconds()
+    sent, publish_s = await publish_and_wait(
+        streams_url, watched, args.rate, args.seconds, tally, 1
+    )
+    cpu = gateway.cpu_seconds() - cpu
+    latencies = ranked(tally.latencies_ms, sent)
+    r.rate = round(sent / publish_s, 1)
+    r.events_expected, r.events_received = sent, tally.events
+    r.out_of_order, r.problems = tally.out_of_order, dict(tally.problems)
+    r.p50_ms, r.p99_ms, r.max_ms = (percentile(latencies, p) for p in (50, 99, 100))
+    r.cpu_percent = round(100 * cpu / publish_s, 1)
+    if tally.events:
+        r.cpu_us_per_event = round(1e6 * cpu / tally.events, 1)
+    pauses = gateway.gc_pauses_ms()
+    r.gc_full = len(pauses)
+    r.gc_full_max_ms = max(pauses, default=None)
+    r.shutdown_streams = len(connections)
+    return connections
+
+
+async def shutdown(gateway: Gateway, connections: list[SseConnection], r: Result) -> None:
+    step("SIGTERM", f"with {len(connections):,} streams open")
+    tally = connections[0]._tally if connections else Tally()
+    sent_at = time.monotonic()
+    gateway.process.send_signal(signal.SIGTERM)
+    last_end = None
+    deadline = sent_at + SHUTDOWN_WAIT_S
+    while time.monotonic() < deadline:
+        open_now = sum(not c.lost for c in connections)
+        if open_now == 0:
+            break
+        if gateway.process.poll() is not None and r.shutdown_exit_s is None:
+            r.shutdown_exit_s = round(time.monotonic() - sent_at, 2)
+        await asyncio.sleep(0.02)
+    last_end = time.monotonic() - sent_at
+    with contextlib.suppress(Exception):
+        await asyncio.to_thread(gateway.process.wait, SHUTDOWN_WAIT_S)
+    if r.shutdown_exit_s is None and gateway.process.returncode is not None:
+        r.shutdown_exit_s = round(time.monotonic() - sent_at, 2)
+    r.shutdown_clean = tally.clean_ends
+    r.shutdown_cut = tally.cut + sum(not c.lost for c in connections)
+    r.shutdown_last_end_s = round(last_end, 2)
+    for connection in connections:
+        connection.close()
+
+
+@contextmanager
+def servers(connections: int) -> Iterator[tuple[RedisServer, RedisServer]]:
+    # The reference holds one Pub/Sub connection per client.
+    streams = RedisServer()
+    pubsub = RedisServer(extra_args=("--maxclients", str(connections + 4_000)))
+    try:
+        streams.start()
+        pubsub.start()
+        yield streams, pubsub
+    finally:
+        streams.cleanup()
+        pubsub.cleanup()
+
+
+def run_column(column: Column, args: argparse.Namespace, fds: int) -> Result:
+    result = Result(column.title)
+    print(f"== {column.title}", flush=True)
+    with ExitStack() as stack:
+        streams, pubsub = stack.enter_context(servers(max(args.connections, args.viewers)))
+        worker = stack.enter_context(Worker(streams.url, pubsub.url))
+        worker.wait_ready()
+        # A fresh gateway per scenario: RSS per connection is measured on a heap the fan-out
+        # has not grown, and the SIGTERM ends the first one.
+        with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
+            gateway.wait_ready()
+
+            async def spread_and_stop() -> None:
+                connections = await spread(gateway, streams.url, args, result)
+                await shutdown(gateway, connections, result)
+
+            uvloop.run(spread_and_stop())
+        if args.viewers:
+            with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
+                gateway.wait_ready()
+                uvloop.run(fan_out(gateway, streams.url, args, result))
+    return result
 
 
 @dataclass(slots=True)
 class Report:
-    """The figures of one run."""
+    """Every column of one run."""
 
-    connections_wanted: int
-    connections_established: int
-    connect_failures: dict[str, int]
-    connect_s: float
-    target_rate: int
-    achieved_rate: float
-    publish_s: float
-    events_expected: int
-    events_received: int
-    out_of_order: int
-    problems: dict[str, int]
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    rss_before_kib: int
-    rss_connected_kib: int
-    rss_after_run_kib: int
-    kib_per_connection: float
-    kib_per_connection_after_run: float
-    gateway_cpu_percent: float
-    gateway_fd_limit: str
-    client_fd_limit: int
-    gateway_metrics: dict[str, float] = field(default_factory=dict)
+    args: dict[str, Any]
+    columns: list[Result]
     environment: dict[str, Any] = field(default_factory=dict)
 
 
-async def measure(gateway: Gateway, streams_url: str, args: argparse.Namespace) -> Report:
-    tally = Tally()
-    run_id = f"{int(time.time()):x}"
-
-    # Warm-up: the first connection imports and allocates what every later one reuses.
-    warm, _ = await open_connections(gateway.port, [f"bench-{run_id}-warmup"], Tally())
-    for connection in warm.values():
-        connection.close()
-    await asyncio.sleep(SETTLE_S)
-    rss_before = gateway.rss_kib()
-
-    job_ids = [f"bench-{run_id}-{n:05d}" for n in range(args.connections)]
-    step("connect", f"{args.connections:,} SSE connections, each on its own job")
-    started = time.monotonic()
-    connections, failures = await open_connections(gateway.port, job_ids, tally)
-    connect_s = time.monotonic() - started
-    await asyncio.sleep(SETTLE_S)
-    rss_connected = gateway.rss_kib()
-    gateway.check_alive()
-    if not connections:
-        raise RuntimeError(f"no connection established: {dict(failures)}\n{gateway.log_tail()}")
-
-    # Only jobs someone watches get events, so every event has exactly one receiver.
-    watched = [job_id for job_id in job_ids if job_id in connections]
-    step("publish", f"{args.rate:,} events/s for {args.seconds:g} s over {len(watched):,} jobs")
-    cpu_before = gateway.cpu_seconds()
-    with ProducerProcess(
-        produce, streams_url, watched, args.rate, args.seconds, name="sse-bench-producer"
-    ) as producer:
-        sent, publish_s = await producer.figures_async(
-            2 * args.seconds + 30, poll_s=POLL_INTERVAL_S
-        )
-    cpu_seconds = gateway.cpu_seconds() - cpu_before
-    tally.expect(sent)
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(WAIT_AFTER_S):
-            await tally.all_received.wait()
-    rss_after = gateway.rss_kib()
-    metrics = gateway.metrics()
-    for connection in connections.values():
-        connection.close()
-
-    if failures or tally.problems:
-        print(f"gateway log (last lines):\n{gateway.log_tail(40)}")
-    latencies = sorted(tally.latencies_ms)
-    # Events not received by the deadline rank as infinitely late, not as absent.
-    ranked = latencies + [math.inf] * max(0, sent - len(latencies))
-    established = len(connections)
-    return Report(
-        connections_wanted=args.connections,
-        connections_established=established,
-        connect_failures=dict(failures),
-        connect_s=round(connect_s, 2),
-        target_rate=args.rate,
-        achieved_rate=round(sent / publish_s, 1),
-        publish_s=round(publish_s, 2),
-        events_expected=sent,
-        events_received=tally.events,
-        out_of_order=tally.out_of_order,
-        problems=dict(tally.problems),
-        p50_ms=percentile(ranked, 50),
-        p90_ms=percentile(ranked, 90),
-        p99_ms=percentile(ranked, 99),
-        max_ms=percentile(ranked, 100),
-        rss_before_kib=rss_before,
-        rss_connected_kib=rss_connected,
-        rss_after_run_kib=rss_after,
-        kib_per_connection=round((rss_connected - rss_before) / established, 1),
-        kib_per_connection_after_run=round((rss_after - rss_before) / established, 1),
-        gateway_cpu_percent=round(100 * cpu_seconds / publish_s, 1),
-        gateway_fd_limit=gateway.fd_limit(),
-        client_fd_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        gateway_metrics=metrics,
-    )
-
-
 def run(args: argparse.Namespace) -> Report:
-    fd_limit, _ = raise_fd_limit(args.connections + FD_HEADROOM)
-    with redis_servers() as (streams, pubsub):
-        step("gateway", "eco-router serve with the router inside, 2 throwaway redis-servers")
-        with Gateway(streams.url, pubsub.url, fd_limit=fd_limit) as gateway:
-            gateway.wait_ready()
-            report = asyncio.run(measure(gateway, streams.url, args))
+    fds = max(args.connections, args.viewers) + FD_HEADROOM
+    raise_fd_limit(gateway_fds(fds))
+    columns = [Column("this tree")]
+    results = []
+    with ExitStack() as stack:
+        if args.baseline_ref:
+            try:
+                source = stack.enter_context(baseline_source(args.baseline_ref))
+                columns.append(Column(f"baseline {source.commit}", source=source))
+            except BaselineUnavailable as error:
+                print(f"baseline skipped: {error}")
+        if args.reference:
+            columns.append(Column("reference", reference=True))
+        for column in columns:
+            results.append(run_column(column, args, fds))
+    report = Report({k: str(v) for k, v in vars(args).items()}, results)
     report.environment = environment()
     return report
 
 
 def print_report(report: Report) -> None:
-    def row(label: str, value: str) -> None:
-        print(f"{label:<40}{value}")
+    cols = report.columns
+    width = 22
+
+    def row(label: str, values: Sequence[str]) -> None:
+        print(f"{label:<40}" + "".join(f"{v:>{width}}" for v in values))
+
+    def num(value: float | None, fmt: str = "{:,.1f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
 
     env = report.environment
     print()
     print(f"eco-router SSE gateway benchmark: {env['cpus']} CPUs, Python {env['python']}")
+    row("", [c.title for c in cols])
+    print("fan-out: viewers of one job")
+    row("  viewers established", [f"{c.fanout_established:,}/{c.viewers:,}" for c in cols])
+    row("  events/s published", [num(c.fanout_rate) for c in cols])
     row(
-        "connections established",
-        f"{report.connections_established:,} / {report.connections_wanted:,} "
-        f"in {report.connect_s:.1f} s",
+        "  frames delivered / expected",
+        [f"{c.fanout_frames:,}/{c.fanout_frames_expected:,}" for c in cols],
     )
-    if report.connect_failures:
-        row("  failures", ", ".join(f"{k} x{v}" for k, v in report.connect_failures.items()))
+    row("  frames/s delivered", [num(c.fanout_frames_per_s, "{:,.0f}") for c in cols])
     row(
-        "publish rate (events/s)",
-        f"{report.achieved_rate:,.0f} of {report.target_rate:,} for {report.publish_s:.1f} s",
+        "  latency p50 / p99 (ms)", [f"{ms(c.fanout_p50_ms)} / {ms(c.fanout_p99_ms)}" for c in cols]
     )
-    row("events received / expected", f"{report.events_received:,} / {report.events_expected:,}")
-    row("  out of order or repeated", f"{report.out_of_order:,}")
-    if report.problems:
-        row("  problems", ", ".join(f"{k} x{v}" for k, v in report.problems.items()))
-    row("latency p50 / p90 (ms)", f"{ms(report.p50_ms)} / {ms(report.p90_ms)}")
-    row("latency p99 / max (ms)", f"{ms(report.p99_ms)} / {ms(report.max_ms)}")
+    row("  latency max (ms)", [ms(c.fanout_max_ms) for c in cols])
+    row("  gateway CPU (% of a core)", [num(c.fanout_cpu_percent, "{:.0f}") for c in cols])
+    row("  gateway CPU per frame (us)", [num(c.fanout_cpu_us_per_frame) for c in cols])
+    print("spread: one connection per job")
+    row("  connections established", [f"{c.established:,}/{c.connections:,}" for c in cols])
+    row("  connect time (s)", [num(c.connect_s, "{:.1f}") for c in cols])
+    row("  accepted connections/s", [num(c.accept_per_s, "{:,.0f}") for c in cols])
     row(
-        "gateway RSS before / connected (MiB)",
-        f"{report.rss_before_kib / 1024:.1f} / {report.rss_connected_kib / 1024:.1f} "
-        f"(after the run {report.rss_after_run_kib / 1024:.1f})",
+        "  gateway CPU per connection (ms)",
+        [num(c.connect_cpu_ms_per_connection, "{:.2f}") for c in cols],
     )
     row(
-        "gateway memory per connection (KiB)",
-        f"{report.kib_per_connection:.1f} (after the run "
-        f"{report.kib_per_connection_after_run:.1f})",
+        "  RSS before / connected (MiB)",
+        [f"{c.rss_before_kib / 1024:.0f} / {c.rss_connected_kib / 1024:.0f}" for c in cols],
     )
-    row("gateway CPU while publishing", f"{report.gateway_cpu_percent:.0f}% of one core")
+    row("  RSS per connection (KiB)", [num(c.kib_per_connection) for c in cols])
+    row("  events/s published", [num(c.rate) for c in cols])
     row(
-        "open-files limit gateway / client",
-        f"{report.gateway_fd_limit} / {report.client_fd_limit}",
+        "  events received / expected",
+        [f"{c.events_received:,}/{c.events_expected:,}" for c in cols],
     )
-    dropped = report.gateway_metrics.get("event_router_gateway_events_dropped_total")
-    if dropped:
-        row("gateway: events dropped (slow client)", f"{dropped:,.0f}")
+    row("  out of order or repeated", [f"{c.out_of_order:,}" for c in cols])
+    row("  latency p50 / p99 (ms)", [f"{ms(c.p50_ms)} / {ms(c.p99_ms)}" for c in cols])
+    row("  latency max (ms)", [ms(c.max_ms) for c in cols])
+    row("  gateway CPU (% of a core)", [num(c.cpu_percent, "{:.0f}") for c in cols])
+    row("  gateway CPU per event (us)", [num(c.cpu_us_per_event) for c in cols])
+    row(
+        "  full GCs / longest (ms)",
+        [f"{num(c.gc_full, '{}')} / {num(c.gc_full_max_ms)}" for c in cols],
+    )
+    print("SIGTERM with the spread's streams open")
+    row(
+        "  streams ended cleanly / open",
+        [f"{c.shutdown_clean:,}/{c.shutdown_streams:,}" for c in cols],
+    )
+    row("  streams cut", [f"{c.shutdown_cut:,}" for c in cols])
+    row("  last stream ended after (s)", [num(c.shutdown_last_end_s, "{:.2f}") for c in cols])
+    row("  process exited after (s)", [num(c.shutdown_exit_s, "{:.2f}") for c in cols])
+    for c in cols:
+        if c.connect_failures or c.problems:
+            print(f"{c.title}: failures {c.connect_failures} problems {c.problems}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -519,16 +509,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m bench.sse_bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "--connections", type=int, default=1_000, help="SSE connections (default 1000)"
+        "--quick", action="store_true", help="2,000 connections, 1,000 viewers, 5 s"
+    )
+    parser.add_argument("--connections", type=int, help="spread connections (default 10000)")
+    parser.add_argument("--rate", type=int, default=1_000, help="spread events/s (default 1000)")
+    parser.add_argument("--viewers", type=int, help="fan-out viewers of one job (default 5000)")
+    parser.add_argument("--fanout-rate", type=int, default=20, help="fan-out events/s (20)")
+    parser.add_argument("--seconds", type=float, help="publishing time (default 15)")
+    parser.add_argument(
+        "--baseline-ref", default="main", help="commit for the baseline column ('' for none)"
     )
     parser.add_argument(
-        "--rate", type=int, default=1_000, help="events/s over all jobs (default 1000)"
+        "--no-reference", dest="reference", action="store_false", help="skip the reference"
     )
-    parser.add_argument("--seconds", type=float, default=15.0, help="publishing time (default 15)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
+    quick = args.quick
+    args.connections = args.connections or (2_000 if quick else 10_000)
+    args.viewers = args.viewers if args.viewers is not None else (1_000 if quick else 5_000)
+    args.seconds = args.seconds or (5.0 if quick else 15.0)
     if args.connections < 1 or args.rate < 1 or args.seconds <= 0:
         parser.error("--connections, --rate and --seconds must be positive")
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return args
 
 

@@ -19,7 +19,7 @@ from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
 from eco_router.application.messages import EncodedEvent, FeedGap
-from eco_router.application.ports import EventFeed, FeedSubscription
+from eco_router.application.ports import EventFeed, FeedSubscription, FrameWriter
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
@@ -124,7 +124,7 @@ class Viewer:
         return self.seen
 
     async def has_seen(self, count: int) -> list[str]:
-        await eventually(lambda: len(self.frames) >= count)
+        await eventually(lambda: len(self.seen) >= count)
         return self.seen
 
     async def disconnect(self) -> None:
@@ -135,7 +135,12 @@ class Viewer:
 
 def describe(frames: list[bytes]) -> list[str]:
     """Frames as short strings: `3:scan`, `snapshot:5`, `snapshot:null`, `keepalive`, `error:x`."""
-    return [_describe(frame) for frame in frames]
+    # A chunk may hold several frames (the replay, or live events already waiting).
+    return [
+        _describe(frame + b"\n\n")
+        for chunk in frames
+        for frame in chunk.removesuffix(b"\n\n").split(b"\n\n")
+    ]
 
 
 def _describe(frame: bytes) -> str:
@@ -644,7 +649,7 @@ class TestSlowClients:
             frames = []
             async for frame in gateway.stream("scan", "job-1", None):
                 frames.append(frame)
-                if len(frames) == 2:  # lost while the feed was down
+                if len(describe(frames)) == 2:  # lost while the feed was down
                     await gateway.produce("job-1", 3)
                     await gateway.produce("job-1", 4, **DONE)
             return describe(frames)
@@ -668,7 +673,9 @@ class TestSlowClients:
             frames = []
             async for frame in gateway.stream("scan", "job-1", None):
                 frames.append(frame)
-                if len(frames) == 2:  # 3 and 4 are trimmed from the history before the gap
+                if (
+                    len(describe(frames)) == 2
+                ):  # 3 and 4 are trimmed from the history before the gap
                     await gateway.produce("job-1", 3, 4, 5, 6)
                     await gateway.produce("job-1", 9, **DONE)
             return describe(frames)
@@ -788,3 +795,61 @@ class TestOutages:
         assert describe(frames) == ["1:scan"]
         assert feed.subscription.closed
         assert gateway.metrics.closed == Counter({"error": 1})
+
+
+class RecordingWriter(FrameWriter):
+    """A connection's direct writer that records what it was given."""
+
+    def __init__(self, *, writable: bool = True) -> None:
+        self.frames: list[bytes] = []
+        self.open = writable
+
+    def writable(self) -> bool:
+        return self.open
+
+    def write(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+class TestWriteThrough:
+    async def test_live_events_go_to_the_writer_and_the_end_through_the_stream(
+        self, gw: Gateway
+    ) -> None:
+        opened = await gw.stream.open("scan", "job-1")
+        writer = opened.writer = RecordingWriter()
+        viewer = Viewer(opened)
+        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        await gw.produce("job-1", 1, 2)
+        await eventually(lambda: len(writer.frames) == 2)
+        await gw.produce("job-1", 3, **DONE)
+        assert await viewer.ended() == ["snapshot:null", "3:done"]
+        assert describe(writer.frames) == ["1:scan", "2:scan"]
+        assert gw.metrics.sent == Counter({"live": 3})
+        assert gw.metrics.closed == Counter({"done": 1})
+
+    async def test_a_writer_that_cannot_write_now_leaves_the_events_to_the_stream(
+        self, gw: Gateway
+    ) -> None:
+        opened = await gw.stream.open("scan", "job-1")
+        writer = opened.writer = RecordingWriter(writable=False)
+        viewer = Viewer(opened)
+        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        await gw.produce("job-1", 1)
+        await gw.produce("job-1", 2, **DONE)
+        assert await viewer.ended() == ["snapshot:null", "1:scan", "2:done"]
+        assert writer.frames == []
+
+    async def test_once_the_writer_is_full_the_next_events_follow_through_the_stream(
+        self, gw: Gateway
+    ) -> None:
+        opened = await gw.stream.open("scan", "job-1")
+        writer = opened.writer = RecordingWriter()
+        viewer = Viewer(opened)
+        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        await gw.produce("job-1", 1)
+        await eventually(lambda: len(writer.frames) == 1)
+        writer.open = False
+        await gw.produce("job-1", 2, 3)
+        await gw.produce("job-1", 4, **DONE)
+        assert await viewer.ended() == ["snapshot:null", "2:scan", "3:scan", "4:done"]
+        assert describe(writer.frames) == ["1:scan"]

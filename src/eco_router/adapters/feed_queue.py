@@ -79,11 +79,21 @@ class ViewerQueue:
         self._closed = False
         self._ready = asyncio.Event()
         self._on_drop = on_drop
+        self._waiting = False
+        self.write_through: Callable[[GatewayEvent], bool] | None = None
 
     def __len__(self) -> int:
         return len(self._buffer)
 
     def put(self, event: GatewayEvent) -> None:
+        if (
+            self._waiting
+            and self.write_through is not None
+            and self._gap is None
+            and not len(self._buffer)
+            and self.write_through(event)
+        ):
+            return
         dropped = self._buffer.put(event)
         if dropped:
             if self._gap is None:
@@ -101,12 +111,22 @@ class ViewerQueue:
         self._closed = True
         self._ready.set()
 
+    def get_nowait(self) -> GatewayEvent | None:
+        """The next queued event, unless a gap notice comes first (then None)."""
+        if self._gap is not None:
+            return None
+        return self._buffer.pop()
+
     async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         if not len(self._buffer) and self._gap is None and not self._closed:
             self._ready.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._ready.wait()
+            self._waiting = True
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout_s):
+                        await self._ready.wait()
+            finally:
+                self._waiting = False
         if self._gap is not None:
             reason, self._gap = self._gap, None
             self._buffer.gap = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from eco_router.application.errors import PermanentError
@@ -282,6 +282,21 @@ class ProgressPublisher(Protocol):
 
 
 @runtime_checkable
+class FrameWriter(Protocol):
+    """Writes a stream's frames straight to its client connection, outside the response's
+    own writes: for live events, with no task switch per viewer."""
+
+    def writable(self) -> bool:
+        """Whether a frame written now goes out in order: the response has started, is not
+        complete, the client is connected and its send buffer is not full."""
+        ...
+
+    def write(self, frame: bytes) -> None:
+        """Queue one or more whole SSE frames on the connection; never blocks or raises."""
+        ...
+
+
+@runtime_checkable
 class FeedSubscription(Protocol):
     """One viewer's live events of one job, in publish order."""
 
@@ -289,6 +304,17 @@ class FeedSubscription(Protocol):
         """The next event, a gap notice, or None when `timeout_s` passes first; once the feed
         is closed and the events already received are taken, `FeedClosed`."""
         ...
+
+    def next_nowait(self) -> GatewayEvent | None:
+        """The next event if one is queued and no gap or close notice comes first; else None
+        (`next` then tells what there is). A subscription may always answer None."""
+        return None
+
+    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+        """While the viewer waits in `next` with nothing queued, offer each arriving event to
+        `handler` first (synchronously, as it arrives); one it returns True for is handled
+        and not queued. None stops it. A subscription may ignore this and always queue."""
+        return None
 
     async def close(self) -> None:
         """Stop receiving; the channel is unsubscribed when its last viewer closes."""

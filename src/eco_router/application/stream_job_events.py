@@ -13,6 +13,7 @@ from eco_router.application.ports import (
     EventDecoder,
     EventFeed,
     FeedSubscription,
+    FrameWriter,
     GatewayMetrics,
     StateStore,
 )
@@ -52,7 +53,8 @@ class StreamLimits:
 
 
 class StreamJobEvents:
-    """Yield the SSE frames of one job for one client until the job ends.
+    """Yield the SSE frames of one job for one client until the job ends (a chunk may hold
+    several frames: the replay, or live events that were already waiting, in one write).
 
     - Subscribe first, then read history and state: nothing published in between is lost.
     - Replay, in seq order, every history event after the client's Last-Event-ID (none: from
@@ -144,14 +146,18 @@ class StreamJobEvents:
         replay: list[bytes],
     ) -> AsyncGenerator[bytes]:
         try:
-            for frame in replay:
-                yield frame
+            if replay:
+                yield b"".join(replay)
             if cursor.ended:
                 stream.reason = cursor.ended
                 return
             started = last_write = self._clock.monotonic()
+            if stream.writer is not None:
+                writer = stream.writer
+                subscription.write_through(lambda event: self._write_through(event, cursor, writer))
             while True:
                 now = self._clock.monotonic()
+                last_write = max(last_write, cursor.last_write)
                 wait_left = started + self._limits.max_wait_s - now
                 if wait_left <= 0:
                     yield error_frame("timeout")
@@ -172,9 +178,12 @@ class StreamJobEvents:
                     frames = await self._catch_up(domain, job_id, cursor)
                 else:
                     frames = self._live(item, cursor)
-                for frame in frames:
-                    yield frame
+                    # Events already queued go out in the same write: a viewer that fell
+                    # behind catches up in one send instead of one per event.
+                    while not cursor.ended and (more := subscription.next_nowait()) is not None:
+                        frames += self._live(more, cursor)
                 if frames:
+                    yield frames[0] if len(frames) == 1 else b"".join(frames)
                     last_write = self._clock.monotonic()
                 if cursor.ended:
                     stream.reason = cursor.ended
@@ -184,6 +193,7 @@ class StreamJobEvents:
             log.warning("ending the stream of job %s: %s", job_id, error)
             stream.reason = "error"
         finally:
+            subscription.write_through(None)
             await stream.release()
 
     async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
@@ -214,6 +224,18 @@ class StreamJobEvents:
         if state is not None and _has_end(state, cursor.last_sent):
             cursor.ended = _end_reason(state)  # the client already has the end of this job
         return frames
+
+    def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
+        """A live event written at once, from the feed's fan-out, while the stream waits: no
+        task switch per viewer. A terminal event still goes through the queue: the stream
+        ends with it."""
+        if event.terminal or not writer.writable():
+            return False
+        frames = self._live(event, cursor)
+        if frames:
+            writer.write(frames[0])
+            cursor.last_write = self._clock.monotonic()
+        return True
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
         if not cursor.take(event):
@@ -250,6 +272,8 @@ class JobStream:
         frames: Callable[[JobStream], AsyncGenerator[bytes]],
     ) -> None:
         self.reason = "disconnect"
+        # Set before iterating: live events may then be written straight to the client.
+        self.writer: FrameWriter | None = None
         self._subscription = subscription
         self._metrics = metrics
         self._released = False
@@ -278,6 +302,7 @@ class _Cursor:
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
+        self.last_write = 0.0
         self._resumed_after = last_event_id
         self._sent: set[int] = set()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
@@ -19,6 +19,12 @@ class GatewayEvent:
     data: bytes
     written_ms: int | None = None
     domain: str | None = None
+    # Worked out once: one event fans out to every viewer of its job, each asking again.
+    _name: str = field(init=False, repr=False, compare=False)
+    _frame: bytes | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_name", _event_name(self.stage, self.status))
 
     def belongs_to(self, domain: str) -> bool:
         """Channels are per job id only: the payload's domain tells two domains' jobs apart."""
@@ -27,24 +33,33 @@ class GatewayEvent:
     @property
     def name(self) -> str:
         """The SSE event name: `done` for the final event, `error` for a failure, else the stage."""
-        if self.stage == "done" or self.status == "done":
-            return "done"
-        if self.status == "failed":
-            return "error"
-        # The name goes on an `event:` line: anything that could break the framing is not used.
-        if self.stage and _SAFE_NAME.fullmatch(self.stage):
-            return self.stage
-        return "progress"
+        return self._name
 
     @property
     def terminal(self) -> bool:
         """Nothing follows a done or a failed event: the stream ends after it."""
-        return self.name in {"done", "error"}
+        return self._name == "done" or self._name == "error"
+
+
+def _event_name(stage: str | None, status: str | None) -> str:
+    if stage == "done" or status == "done":
+        return "done"
+    if status == "failed":
+        return "error"
+    # The name goes on an `event:` line: anything that could break the framing is not used.
+    if stage and _SAFE_NAME.fullmatch(stage):
+        return stage
+    return "progress"
 
 
 def event_frame(event: GatewayEvent) -> bytes:
-    """`id`, `event` and `data` lines of one event."""
-    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event.seq, event.name.encode(), event.data)
+    """`id`, `event` and `data` lines of one event: encoded once, the same bytes for every
+    viewer of the job."""
+    frame = event._frame
+    if frame is None:
+        frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (event.seq, event._name.encode(), event.data)
+        object.__setattr__(event, "_frame", frame)
+    return frame
 
 
 def snapshot_frame(state: GatewayEvent | None, job_id: str) -> bytes:

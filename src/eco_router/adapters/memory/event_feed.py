@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
@@ -47,6 +48,12 @@ class InMemoryFeedSubscription(FeedSubscription):
 
     async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self._viewer.get(timeout_s)
+
+    def next_nowait(self) -> GatewayEvent | None:
+        return self._viewer.get_nowait()
+
+    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+        self._viewer.write_through = handler
 
     async def close(self) -> None:
         self._open_viewers.discard(self._viewer)

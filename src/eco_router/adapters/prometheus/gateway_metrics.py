@@ -35,6 +35,9 @@ class PrometheusGatewayMetrics(GatewayMetrics):
             ["source"],
             registry=registry,
         )
+        # Bound once: a label lookup (a lock and a dict) per event and viewer adds up.
+        self._sent_live = self._sent.labels("live")
+        self._sent_replay = self._sent.labels("replay")
         self._snapshots = Counter(
             "event_router_gateway_snapshots_sent",
             "Snapshots sent because a client may have missed events.",
@@ -76,7 +79,7 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         self._active.dec()
 
     def events_sent(self, count: int, *, replayed: bool) -> None:
-        self._sent.labels("replay" if replayed else "live").inc(count)
+        (self._sent_replay if replayed else self._sent_live).inc(count)
 
     def snapshot_sent(self) -> None:
         self._snapshots.inc()

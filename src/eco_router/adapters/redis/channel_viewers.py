@@ -31,6 +31,12 @@ class Viewer(FeedSubscription):
     async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self.queue.get(timeout_s)
 
+    def next_nowait(self) -> GatewayEvent | None:
+        return self.queue.get_nowait()
+
+    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+        self.queue.write_through = handler
+
     async def close(self) -> None:
         # Closed from a disconnected client's task while it is being cancelled: leaving (and
         # unsubscribing after the last viewer) must finish all the same.

@@ -12,6 +12,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eco_router.entrypoints.event_loop import uvicorn_loop
+from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,20 @@ class HeaderTimeoutProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE:
             self._arm_header_timer()
+        cycle = self.cycle
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._disarm_header_timer()
+        if self.cycle is not cycle and self.cycle is not None:
+            self._offer_frame_writer()
+
+    def _offer_frame_writer(self) -> None:
+        """A new request's task is created, not yet run: its scope can still take an
+        extension. Only a chunked response (a GET over HTTP/1.1) can take raw chunks."""
+        scope = self.cycle.scope
+        if scope["method"] == "GET" and scope["http_version"] == "1.1":
+            extensions: dict[str, object] = scope.setdefault("extensions", {})  # type: ignore[assignment]
+            extensions[FRAME_WRITER] = TransportFrameWriter(self.cycle, self.transport, self.flow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()

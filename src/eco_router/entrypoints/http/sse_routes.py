@@ -14,6 +14,7 @@ from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.http.sse_responses import job_event_stream
+from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import Settings
 
 router = APIRouter()
@@ -22,15 +23,35 @@ ENDED_ALREADY: dict[int | str, dict[str, object]] = {
     204: {"description": "The Last-Event-ID already reaches the job's end: stop reconnecting."}
 }
 
-Stream = Depends(Provide[Container.stream_job_events])
-Auth = Depends(Provide[Container.authorizer])
-Config = Depends(Provide[Container.settings])
+
+# The stream routes resolve their ports in async functions: FastAPI runs a synchronous
+# dependency (such as a `Provide` marker) in a worker thread, a thread hop per dependency on
+# every connection.
+async def _stream(request: Request) -> StreamJobEvents:
+    container: Container = request.app.state.container
+    return await resolve(container.stream_job_events())
+
+
+async def _authorizer(request: Request) -> Authorizer:
+    container: Container = request.app.state.container
+    return await resolve(container.authorizer())
+
+
+async def _settings(request: Request) -> Settings:
+    container: Container = request.app.state.container
+    return container.settings()
+
+
+Stream = Depends(_stream)
+Auth = Depends(_authorizer)
+Config = Depends(_settings)
+DemoAuth = Depends(Provide[Container.authorizer])
+DemoConfig = Depends(Provide[Container.settings])
 
 
 @router.get(
     "/api/v1/{domain}/{job_id}/events", response_class=StreamingResponse, responses=ENDED_ALREADY
 )
-@inject
 async def job_events(
     request: Request,
     domain: str,
@@ -54,7 +75,6 @@ async def job_events(
 
 
 @router.get("/api/v1/stream", response_class=StreamingResponse, responses=ENDED_ALREADY)
-@inject
 async def legacy_job_events(
     request: Request,
     job_id: str = Query(..., description="the job to watch (domain scan)"),
@@ -83,8 +103,8 @@ async def start_demo_job(
     response: Response,
     fail: bool = False,
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
-    authorizer: Authorizer = Auth,
-    settings: Settings = Config,
+    authorizer: Authorizer = DemoAuth,
+    settings: Settings = DemoConfig,
 ) -> dict[str, str]:
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
