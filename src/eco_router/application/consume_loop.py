@@ -23,9 +23,6 @@ from eco_router.domain.streams import StreamFamily, shard_of
 log = logging.getLogger(__name__)
 
 Fence = Mapping[str, int]
-# The longest a read waits for an append: how late stop or a change of held shards is seen
-# while idle. Each wait costs a read round trip, ten a second when nothing comes.
-BLOCKING_READ_MAX_MS = 100
 
 
 class ConsumeLoop:
@@ -40,9 +37,9 @@ class ConsumeLoop:
       was lost): a shard with a gap is taken over again, so those come first. Behind a
       backlog the next batch is read while this one is routed; once a read has drained the
       shards, the next read blocks until an append (one round trip, not a wait then a read),
-      for at most `BLOCKING_READ_MAX_MS`, after which stop and changes of held shards are
-      looked at; it is never cancelled, since a read cancelled while its reply travels leaves
-      what it took pending.
+      raced against a change of held shards and stop: one of those cancels it, and a shard
+      still read is taken over again, since a cancelled read may have taken entries whose
+      reply is lost.
     - A fenced shard (another router holds it now) is dropped with what is in hand of it,
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
@@ -217,15 +214,31 @@ class ConsumeLoop:
             return [], {}
         drained, self._drained = self._drained, None
         if drained is not None and drained[1] == tokens:
-            # The last read took everything there was: this one waits for an append. Briefly:
-            # it is never cancelled (its reply, lost, would leave entries pending), so stop, a
-            # change of held shards or a quarantined shard's retry is seen once it returns.
-            block_ms = min(self._block_ms, BLOCKING_READ_MAX_MS)
-            batch = await self._read(tokens, self._pick_up(tokens), block_ms)
-        else:
-            # Awaited in place: a task per batch costs a loop turn for nothing.
-            batch = await self._read(tokens, self._pick_up(tokens))
+            # The last read took everything there was: this one waits for an append.
+            blocked = await self._blocking_read(tokens, stop)
+            if blocked is None:
+                return [], {}
+            return await self._take_read(blocked, tokens, stop)
+        # Awaited in place: a task per batch costs a loop turn for nothing.
+        batch = await self._read(tokens, self._pick_up(tokens))
         return await self._take_read(batch, tokens, stop)
+
+    async def _blocking_read(self, tokens: dict[str, int], stop: asyncio.Event) -> ReadBatch | None:
+        """A read that waits for an append, or None once held shards change, stop comes or a
+        quarantined shard is due first."""
+        read = asyncio.ensure_future(self._read(tokens, self._pick_up(tokens), self._block_ms))
+        try:
+            await self._wait_for_work(stop, read)
+        finally:
+            if not read.done():
+                read.cancel()
+                with contextlib.suppress(BaseException):
+                    await read
+                # Its reply may have been lost on the way: what it took is claimed first.
+                self._held.take_over_again(tokens)
+        if read.cancelled():
+            return None
+        return read.result()
 
     async def _claim_left(self, stream: str) -> tuple[list[Delivery], Fence] | None:
         """The next page of what earlier holders left on `stream`; None once none is left."""
@@ -369,8 +382,11 @@ class ConsumeLoop:
         kept = [d for d in read.deliveries if d.stream in keep]
         return ReadBatch(kept, read.gaps, read.marks)
 
-    async def _wait_for_work(self, stop: asyncio.Event) -> None:
-        """Until the held shards change, or stop."""
+    async def _wait_for_work(
+        self, stop: asyncio.Event, read: asyncio.Future[ReadBatch] | None = None
+    ) -> None:
+        """Until `read` (one waiting for an append) returns, the held shards change, or stop;
+        `read` is left as it is."""
         waits: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
@@ -378,7 +394,9 @@ class ConsumeLoop:
         try:
             # A quarantined shard's retry wakes the loop too.
             await asyncio.wait(
-                waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
+                [*waits, *([read] if read else [])],
+                timeout=self.health.next_retry_s(),
+                return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
             for wait in waits:
