@@ -349,38 +349,6 @@ class EventSourceContract(ContractFamilies):
         assert claimed.value.key == self.scan_0
         assert acked.value.key == self.scan_0
 
-    # read_new with block_ms
-
-    async def test_a_blocking_read_returns_an_entry_appended_while_it_waits(self) -> None:
-        source = await self.prepared_source()
-        await source.read_new(self.from_start, count=10)
-        reading = asyncio.ensure_future(source.read_new(self.from_start, count=10, block_ms=5000))
-        await asyncio.sleep(0.05)
-        assert not reading.done()
-
-        written = await self.append(self.scan_1, fields_of(1))
-
-        async with asyncio.timeout(5):
-            batch = await reading
-        assert ids(batch.deliveries) == [written]
-        assert not batch.gaps
-
-    async def test_a_blocking_read_returns_at_once_what_is_there(self) -> None:
-        source = await self.prepared_source()
-        written = await self.append_many(self.scan_0, 2)
-
-        async with asyncio.timeout(2):
-            batch = await source.read_new(self.from_start, count=10, block_ms=5000)
-        assert ids(batch.deliveries) == written
-
-    async def test_a_blocking_read_returns_nothing_after_the_block(self) -> None:
-        source = await self.prepared_source()
-
-        async with asyncio.timeout(5):
-            batch = await source.read_new(self.from_start, count=10, block_ms=50)
-        assert batch.deliveries == []
-        assert batch.marks == self.from_start
-
     # wait_for_new
 
     async def test_wait_for_new_returns_when_an_entry_is_appended_after_a_mark(self) -> None:

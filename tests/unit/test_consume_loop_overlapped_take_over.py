@@ -36,11 +36,9 @@ class ReadBetweenClaimPages(InMemoryEventSource):
             stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
         )
 
-    async def read_new(
-        self, after: Mapping[str, str], *, count: int, block_ms: int | None = None
-    ) -> ReadBatch:
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         self.reads += 1
-        return await super().read_new(after, count=count, block_ms=block_ms)
+        return await super().read_new(after, count=count)
 
 
 class TestTakeOverOverlappingTheLastRead:

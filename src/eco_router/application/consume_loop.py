@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import PermanentError, TransientError
@@ -36,10 +35,8 @@ class ConsumeLoop:
       (entries after this router's position pending elsewhere, or taken by a read whose reply
       was lost): a shard with a gap is taken over again, so those come first. Behind a
       backlog the next batch is read while this one is routed; once a read has drained the
-      shards, the next read blocks until an append (one round trip, not a wait then a read),
-      raced against a change of held shards and stop: one of those cancels it, and a shard
-      still read is taken over again, since a cancelled read may have taken entries whose
-      reply is lost.
+      shards, the loop waits for an append (after the marks the read gave), a change of held
+      shards, or stop, before reading again.
     - A fenced shard (another router holds it now) is dropped with what is in hand of it,
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
@@ -214,31 +211,11 @@ class ConsumeLoop:
             return [], {}
         drained, self._drained = self._drained, None
         if drained is not None and drained[1] == tokens:
-            # The last read took everything there was: this one waits for an append.
-            blocked = await self._blocking_read(tokens, stop)
-            if blocked is None:
-                return [], {}
-            return await self._take_read(blocked, tokens, stop)
-        # Awaited in place: a task per batch costs a loop turn for nothing.
-        batch = await self._read(tokens, self._pick_up(tokens))
-        return await self._take_read(batch, tokens, stop)
-
-    async def _blocking_read(self, tokens: dict[str, int], stop: asyncio.Event) -> ReadBatch | None:
-        """A read that waits for an append, or None once held shards change, stop comes or a
-        quarantined shard is due first."""
-        read = asyncio.ensure_future(self._read(tokens, self._pick_up(tokens), self._block_ms))
-        try:
-            await self._wait_for_work(stop, read)
-        finally:
-            if not read.done():
-                read.cancel()
-                with contextlib.suppress(BaseException):
-                    await read
-                # Its reply may have been lost on the way: what it took is claimed first.
-                self._held.take_over_again(tokens)
-        if read.cancelled():
-            return None
-        return read.result()
+            # The last read took everything there was: wait for an append before reading.
+            await self._wait_for_work(stop, drained[0])
+            return [], {}
+        read = self._start_read(tokens)
+        return await self._take_read(await read, tokens, stop)
 
     async def _claim_left(self, stream: str) -> tuple[list[Delivery], Fence] | None:
         """The next page of what earlier holders left on `stream`; None once none is left."""
@@ -299,19 +276,14 @@ class ConsumeLoop:
         self._finishing.clear()
 
     def _start_read(self, tokens: dict[str, int]) -> asyncio.Task[ReadBatch]:
-        return asyncio.ensure_future(self._read(tokens, self._pick_up(tokens)))
-
-    def _pick_up(self, tokens: dict[str, int]) -> dict[str, str]:
-        """Where to read each shard of `tokens` from, once they are in hand."""
         # A read in flight holds its shards: none is handed over before its entries settle.
         self._held.picked_up(tokens)
-        return {s: last for s, last in self._held.reading().items() if s in tokens}
+        after = {s: last for s, last in self._held.reading().items() if s in tokens}
+        return asyncio.ensure_future(self._read(tokens, after))
 
-    async def _read(
-        self, tokens: dict[str, int], after: dict[str, str], block_ms: int | None = None
-    ) -> ReadBatch:
+    async def _read(self, tokens: dict[str, int], after: dict[str, str]) -> ReadBatch:
         try:
-            batch = await self._source.read_new(after, count=self._read_count, block_ms=block_ms)
+            batch = await self._source.read_new(after, count=self._read_count)
             self._held.picked_up(streams_of(batch.deliveries))
             # Entries come in id order per stream: the last one of each is the new position.
             last = {d.stream: d.entry_id for d in batch.deliveries}
@@ -359,21 +331,19 @@ class ConsumeLoop:
                 self._prefetch = (self._start_read(following), following)
             return batch.deliveries, tokens
         if tokens == self._reading() and not self._taking_over() and not read.broken:
-            # Nothing to read: the next read waits for an append.
-            self._drained = (batch.marks, tokens)
+            await self._wait_for_work(stop, batch.marks)
         return [], {}
 
     def _still_reading(self, read: ReadBatch, tokens: dict[str, int]) -> ReadBatch:
         """`read` without the entries of shards no longer read under the same token (lost,
-        being released, or taken over again): they stay pending, for whoever takes the shard
-        over (a read waiting for an append may return just as its shard is released)."""
+        or taken over again): they stay pending, for whoever takes the shard over."""
         keep = {
             s
             for s, token in tokens.items()
             if s not in read.gaps
             and (held := self._held.get(s)) is not None
             and held.token == token
-            and held.phase is Phase.READING
+            and held.phase is not Phase.TAKING_OVER
         }
         dropped = [d for d in read.deliveries if d.stream not in keep]
         if not dropped:
@@ -383,20 +353,21 @@ class ConsumeLoop:
         return ReadBatch(kept, read.gaps, read.marks)
 
     async def _wait_for_work(
-        self, stop: asyncio.Event, read: asyncio.Future[ReadBatch] | None = None
+        self, stop: asyncio.Event, marks: Mapping[str, str] | None = None
     ) -> None:
-        """Until `read` (one waiting for an append) returns, the held shards change, or stop;
-        `read` is left as it is."""
-        waits: list[asyncio.Future[Any]] = [
+        """Until an entry is appended after `marks`, the held shards change, or stop."""
+        waits: list[asyncio.Future[object]] = [
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
         ]
+        if marks:
+            waits.append(
+                asyncio.ensure_future(self._source.wait_for_new(marks, block_ms=self._block_ms))
+            )
         try:
             # A quarantined shard's retry wakes the loop too.
-            await asyncio.wait(
-                [*waits, *([read] if read else [])],
-                timeout=self.health.next_retry_s(),
-                return_when=asyncio.FIRST_COMPLETED,
+            done, _ = await asyncio.wait(
+                waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             for wait in waits:
@@ -404,6 +375,8 @@ class ConsumeLoop:
             for wait in waits:
                 with contextlib.suppress(BaseException):
                     await wait
+        for wait in done:
+            wait.result()  # a failed wait for appends is a transient error to back off from
 
     async def _settle(self, batch: Sequence[Delivery], fence: Fence) -> list[Delivery]:
         result = await self._route(batch, fence)

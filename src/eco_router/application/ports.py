@@ -46,18 +46,13 @@ class EventSource(Protocol):
         the wrong type); `TransientError` if any was refused for now."""
         ...
 
-    async def read_new(
-        self, after: Mapping[str, str], *, count: int, block_ms: int | None = None
-    ) -> ReadBatch:
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         """Up to `count` never-delivered entries of each shard in `after`, without waiting.
         `after` is, per shard, the last entry this consumer read or took over there: an entry
         after it pending at another consumer is reported as a gap. A read that drains every
         shard returns marks to wait after. A shard refused for good is reported `broken` and
         the others are read; a shard whose group vanished gets it back at its `after` id, so
-        nothing already read is read again. With `block_ms`, a read that finds nothing new
-        waits up to `block_ms` for an append (one round trip where a wait then a read takes
-        two); cancelled while its reply travels, what it took stays pending to this consumer
-        and the next read reports it as a gap."""
+        nothing already read is read again."""
         ...
 
     async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:

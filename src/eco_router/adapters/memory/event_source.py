@@ -51,21 +51,7 @@ class InMemoryEventSource(EventSource):
                 broken[stream] = PermanentError(stream, f"XGROUP CREATE: {error}")
         return broken
 
-    async def read_new(
-        self, after: Mapping[str, str], *, count: int, block_ms: int | None = None
-    ) -> ReadBatch:
-        batch = self._read_new(after, count)
-        if block_ms is None or batch.deliveries or batch.gaps or batch.broken or batch.regrouped:
-            return batch
-        # Like XREADGROUP BLOCK: wait for an entry after the group's position, then read.
-        try:
-            marks = {s: self.streams.last_delivered(s, self._group) for s in after}
-        except NoGroup:
-            return batch
-        await self.streams.wait_for_entries(marks, block_ms / 1000)
-        return self._read_new(after, count)
-
-    def _read_new(self, after: Mapping[str, str], count: int) -> ReadBatch:
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         self._check()
         deliveries: list[Delivery] = []
         broken: dict[str, PermanentError] = {}

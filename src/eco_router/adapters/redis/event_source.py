@@ -70,24 +70,12 @@ class RedisStreamEventSource(EventSource):
                 broken[stream] = _refused(reply, "XGROUP CREATE", stream)
         return broken, created
 
-    async def read_new(
-        self, after: Mapping[str, str], *, count: int, block_ms: int | None = None
-    ) -> ReadBatch:
+    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
         if not after:
             return ReadBatch([])
         # Tagged shards live in different slots, which one XREADGROUP cannot span.
         together = len(by_slot(after)) == 1
-        if block_ms is not None and not together:
-            # Blocking reads on several nodes would wait one after another: read, and if
-            # nothing came, wait for the first append anywhere and read again.
-            batch = await self.read_new(after, count=count)
-            if batch.deliveries or batch.gaps or batch.broken or batch.regrouped:
-                return batch
-            await self.wait_for_new(batch.marks, block_ms=block_ms)
-            block_ms = None
-        reads, pending = await self._read_and_look_behind(
-            after, count, together=together, block_ms=block_ms
-        )
+        reads, pending = await self._read_and_look_behind(after, count, together=together)
         regrouped: dict[str, str] = {}
         vanished = {
             stream: after[stream]
@@ -155,24 +143,18 @@ class RedisStreamEventSource(EventSource):
         }
 
     async def _read_and_look_behind(
-        self, after: Mapping[str, str], count: int, *, together: bool, block_ms: int | None = None
+        self, after: Mapping[str, str], count: int, *, together: bool
     ) -> tuple[list[Any], list[Any]]:
         """XREADGROUP (one for every shard `together`, else one per shard), then per shard
         the first entry pending after `after`: the read's own first entry, one another
         consumer took before it, or one an earlier read of this consumer took whose reply was
         lost (and the client retried). It is looked up after the read, so nothing read
-        before it goes unseen (after a blocking read, once it returned: the server runs a
-        blocked client's next commands after it). Replies per shard, an exception where a
-        command failed."""
+        before it goes unseen. Replies per shard, an exception where a command failed."""
         with redis_errors("XREADGROUP"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 if together:
                     pipe.xreadgroup(
-                        self._group,
-                        self._consumer,
-                        dict.fromkeys(after, ">"),
-                        count=count,
-                        block=block_ms,
+                        self._group, self._consumer, dict.fromkeys(after, ">"), count=count
                     )
                 else:
                     for stream in after:
