@@ -66,7 +66,7 @@ from bench.redis_probes import POLL_INTERVAL_S, command_usec, redis_cpu_seconds,
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, ms, percentile, run_benchmark, step
 from bench.router_process import RouterProcess
-from bench.routers import BATCHED_READ_COUNT, RouterKind, wait_until_reading
+from bench.routers import BATCHED_READ_COUNT, PLAIN_BATCH_MODULE, RouterKind, wait_until_reading
 from bench.topologies import TOPOLOGIES, Topology
 from bench.topology_drain import DEFINITIONS as TOPOLOGY_DEFINITIONS
 from bench.topology_drain import (
@@ -103,6 +103,8 @@ FULL = {
     "baseline_wait_after": 3.0,
     "topology_events": 20_000,
     "topology_repeats": 5,
+    "rates_seconds": 3.0,
+    "rates_repeats": 3,
 }
 QUICK = {
     "events": 5_000,
@@ -118,6 +120,8 @@ QUICK = {
     # a median where one gives a sample.
     "topology_events": 10_000,
     "topology_repeats": 3,
+    "rates_seconds": 1.5,
+    "rates_repeats": 1,
 }
 
 
@@ -134,16 +138,23 @@ class Columns:
     scaling: tuple[RouterKind, ...]  # leases with 1, then 2, 4, ... routers
     naive: RouterKind | None
     read_count_1: RouterKind | None
+    plain: RouterKind | None = None
 
     def throughput_kinds(self) -> list[RouterKind]:
         """One round of drains, in the order they run."""
         kinds = [self.leases, self.no_check, self.check, *self.scaling[1:]]
-        kinds += [self.naive, self.read_count_1]
+        kinds += [self.plain, self.naive, self.read_count_1]
         return [k for k in kinds if k is not None]
 
     def latency_kinds(self) -> list[RouterKind]:
         """One round of paced runs, in the order they run."""
-        kinds = [self.leases, self.no_check, self.check, self.naive, self.read_count_1]
+        kinds = [self.leases, self.no_check, self.check, self.plain, self.naive, self.read_count_1]
+        return [k for k in kinds if k is not None]
+
+    def rate_kinds(self) -> list[RouterKind]:
+        """One round of the paced runs at each of --rates: this tree, the baseline with its
+        defaults, the plain batch and the naive router."""
+        kinds = [self.leases, self.no_check, self.plain, self.naive]
         return [k for k in kinds if k is not None]
 
 
@@ -156,7 +167,14 @@ def make_columns(args: argparse.Namespace, baseline: BaselineSource | None) -> C
         if n > 1
     ]
     no_check = check = None
-    if baseline is not None:
+    if baseline is not None and args.baseline_default_only:
+        no_check = RouterKind(
+            "baseline_no_check",
+            f"{baseline.commit} (defaults)",
+            BATCHED_READ_COUNT,
+            source=baseline,
+        )
+    elif baseline is not None:
         no_check = RouterKind(
             "baseline_no_check",
             f"{baseline.commit} check off",
@@ -173,7 +191,10 @@ def make_columns(args: argparse.Namespace, baseline: BaselineSource | None) -> C
         naive = RouterKind("naive", "naive one-at-a-time", None)
         if not args.skip_read_count_1:
             read_count_1 = RouterKind("read_count_1", "worker READ_COUNT=1", 1)
-    return Columns(leases, no_check, check, tuple(scaling), naive, read_count_1)
+    plain = None
+    if not args.skip_plain_batch:
+        plain = RouterKind("plain_batch", "plain batch", None, module=PLAIN_BATCH_MODULE)
+    return Columns(leases, no_check, check, tuple(scaling), naive, read_count_1, plain)
 
 
 @contextmanager
@@ -391,6 +412,12 @@ class Latency:
     # replaced by their own medians over the runs.
     runs_p50_ms: list[float | None] = field(default_factory=list)
     runs_p99_ms: list[float | None] = field(default_factory=list)
+    # From just before the producer starts to the drain (or the deadline), per event sent:
+    # idle costs (heartbeats, blocked reads) included.
+    router_cpu_us_per_event: float = math.nan
+    redis_cpu_us_per_event: float = math.nan
+    pubsub_cpu_us_per_event: float = math.nan
+    redis_usec_per_event_by_command: dict[str, float] = field(default_factory=dict)
 
 
 def measure_latency(
@@ -404,11 +431,16 @@ def measure_latency(
     wait_after_s: float,
 ) -> Latency:
     client = redis.Redis.from_url(streams.url)
+    pubsub_client = redis.Redis.from_url(pubsub.url)
     try:
         with running(kind, streams, pubsub, phase="live") as routers:
             wait_until_reading(client, routers)
             subscriber = Subscriber(pubsub.port)
             try:
+                client.config_resetstat()
+                cpu_before = redis_cpu_seconds(client)
+                pubsub_cpu_before = redis_cpu_seconds(pubsub_client)
+                router_cpu_before = sum(r.cpu_seconds() for r in routers)
                 with ProducerProcess(
                     produce_paced, streams.url, rate, seconds, jobs, name="bench-producer"
                 ) as producer:
@@ -419,10 +451,15 @@ def measure_latency(
                 produced_at = time.monotonic()
                 subscriber.receive_until(sent, produced_at + wait_after_s)
                 drained_after = _drained_within(client, deadline=produced_at + wait_after_s)
+                router_cpu = sum(r.cpu_seconds() for r in routers) - router_cpu_before
+                redis_cpu = redis_cpu_seconds(client) - cpu_before
+                pubsub_cpu = redis_cpu_seconds(pubsub_client) - pubsub_cpu_before
+                usec = command_usec(client)
             finally:
                 subscriber.close()
     finally:
         client.close()
+        pubsub_client.close()
 
     latencies = sorted(
         received_at * 1000 - int(orjson.loads(payload)["stream_id"].partition("-")[0])
@@ -450,6 +487,14 @@ def measure_latency(
         ),
         arrived_p50_ms=percentile(latencies, 50),
         arrived_p99_ms=percentile(latencies, 99),
+        router_cpu_us_per_event=router_cpu * 1e6 / max(1, sent),
+        redis_cpu_us_per_event=redis_cpu * 1e6 / max(1, sent),
+        pubsub_cpu_us_per_event=pubsub_cpu * 1e6 / max(1, sent),
+        redis_usec_per_event_by_command={
+            name: round(us / max(1, sent), 2)
+            for name, us in sorted(usec.items(), key=lambda item: -item[1])
+            if name not in ("config|resetstat", "info", "xinfo|groups")
+        },
     )
 
 
@@ -474,6 +519,8 @@ class Report:
     # Per column key (RouterKind.key): the medians over the rounds.
     throughput: dict[str, Throughput]
     latency: dict[str, Latency]
+    # The paced runs at each of --rates: rate -> column key -> the medians over the rounds.
+    rates: dict[int, dict[str, Latency]] = field(default_factory=dict)
     # Section 4, per topology key: the medians over the rounds.
     topologies: dict[str, TopologyDrain] = field(default_factory=dict)
     ratios: dict[str, float] = field(default_factory=dict)
@@ -613,36 +660,97 @@ def _measure(args: argparse.Namespace, columns: Columns, report: Report) -> None
                 )
         report.throughput = {key: _median_run(runs) for key, runs in drains.items()}
 
-        if args.latency_repeats < 1:
-            return
-        kinds = columns.latency_kinds()
-        step(
-            "latency",
-            f"{len(kinds)} columns x {args.latency_repeats} interleaved round(s), paced "
-            f"{args.rate:,} ev/s for {args.seconds:g} s (baselines {args.baseline_rate:,} ev/s "
-            f"for {args.baseline_seconds:g} s)",
-        )
-        paced: dict[str, list[Latency]] = {k.key: [] for k in kinds}
-        for round_ in range(1, args.latency_repeats + 1):
+        if args.latency_repeats >= 1:
+            _measure_latency(args, columns, report, fresh, (streams, pubsub))
+        _measure_rates(args, columns, report, (streams, pubsub), fresh)
+
+
+def _measure_latency(
+    args: argparse.Namespace,
+    columns: Columns,
+    report: Report,
+    fresh: Callable[[], None],
+    servers: tuple[RedisServer, RedisServer],
+) -> None:
+    streams, pubsub = servers
+    kinds = columns.latency_kinds()
+    step(
+        "latency",
+        f"{len(kinds)} columns x {args.latency_repeats} interleaved round(s), paced "
+        f"{args.rate:,} ev/s for {args.seconds:g} s (baselines {args.baseline_rate:,} ev/s "
+        f"for {args.baseline_seconds:g} s)",
+    )
+    paced: dict[str, list[Latency]] = {k.key: [] for k in kinds}
+    for round_ in range(1, args.latency_repeats + 1):
+        for kind in _rotated(kinds, round_):
+            fresh()
+            smaller = kind.key in SMALLER_RUNS
+            paced_run = measure_latency(
+                streams,
+                pubsub,
+                kind=kind,
+                rate=args.baseline_rate if smaller else args.rate,
+                seconds=args.baseline_seconds if smaller else args.seconds,
+                jobs=max(1, args.jobs // 4),
+                wait_after_s=args.baseline_wait_after if smaller else args.wait_after,
+            )
+            paced[kind.key].append(paced_run)
+            step(
+                f"round {round_}/{args.latency_repeats}",
+                f"{kind.title}: p50 {ms(paced_run.p50_ms)} ms, p99 {ms(paced_run.p99_ms)} ms, "
+                f"{paced_run.received:,} / {paced_run.sent:,} received",
+            )
+    report.latency = {key: _median_latency(runs) for key, runs in paced.items()}
+
+
+def _measure_rates(
+    args: argparse.Namespace,
+    columns: Columns,
+    report: Report,
+    servers: tuple[RedisServer, RedisServer],
+    fresh: Callable[[], None],
+) -> None:
+    """The paced runs at each of `args.rates`, the columns interleaved in every round."""
+    kinds = columns.rate_kinds()
+    if not args.rates or args.rates_repeats < 1:
+        return
+    streams, pubsub = servers
+    step(
+        "rates",
+        f"{len(kinds)} columns x {len(args.rates)} rates x {args.rates_repeats} interleaved "
+        f"round(s), {args.rates_seconds:g} s each: "
+        + ", ".join(f"{rate:,}" for rate in args.rates)
+        + " ev/s",
+    )
+    paced: dict[int, dict[str, list[Latency]]] = {
+        rate: {k.key: [] for k in kinds} for rate in args.rates
+    }
+    for round_ in range(1, args.rates_repeats + 1):
+        for rate in args.rates:
             for kind in _rotated(kinds, round_):
                 fresh()
-                smaller = kind.key in SMALLER_RUNS
-                paced_run = measure_latency(
+                run = measure_latency(
                     streams,
                     pubsub,
                     kind=kind,
-                    rate=args.baseline_rate if smaller else args.rate,
-                    seconds=args.baseline_seconds if smaller else args.seconds,
+                    rate=rate,
+                    seconds=args.rates_seconds,
                     jobs=max(1, args.jobs // 4),
-                    wait_after_s=args.baseline_wait_after if smaller else args.wait_after,
+                    wait_after_s=args.baseline_wait_after
+                    if kind.key == "naive"
+                    else args.wait_after,
                 )
-                paced[kind.key].append(paced_run)
+                paced[rate][kind.key].append(run)
                 step(
-                    f"round {round_}/{args.latency_repeats}",
-                    f"{kind.title}: p50 {ms(paced_run.p50_ms)} ms, p99 {ms(paced_run.p99_ms)} ms, "
-                    f"{paced_run.received:,} / {paced_run.sent:,} received",
+                    f"round {round_}/{args.rates_repeats} {rate:,} ev/s",
+                    f"{kind.title}: p50 {ms(run.p50_ms)} ms, p99 {ms(run.p99_ms)} ms, "
+                    f"router {run.router_cpu_us_per_event:.0f} us/event, streams redis "
+                    f"{run.redis_cpu_us_per_event:.0f} us/event",
                 )
-        report.latency = {key: _median_latency(runs) for key, runs in paced.items()}
+    report.rates = {
+        rate: {key: _median_latency(runs) for key, runs in by_key.items()}
+        for rate, by_key in paced.items()
+    }
 
 
 def _measure_topologies(args: argparse.Namespace, report: Report) -> None:
@@ -730,6 +838,9 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "topology_events": args.topology_events,
         "topology_repeats": args.topology_repeats,
         "topology_shards": args.topology_shards,
+        "rates": args.rates,
+        "rates_seconds": args.rates_seconds,
+        "rates_repeats": args.rates_repeats,
         "seed": args.seed,
     }
 
@@ -757,6 +868,8 @@ def _median_latency(runs: Sequence[Latency]) -> Latency:
     for name in ("p50_ms", "p90_ms", "max_ms", "arrived_p50_ms", "arrived_p99_ms"):
         value = median_low(_finite(getattr(lat, name)) for lat in runs)
         setattr(median, name, None if math.isinf(value) else value)
+    for name in ("router_cpu_us_per_event", "redis_cpu_us_per_event", "pubsub_cpu_us_per_event"):
+        setattr(median, name, median_low(getattr(lat, name) for lat in runs))
     return median
 
 
@@ -792,6 +905,24 @@ def _ratios(report: Report) -> dict[str, float]:
     compare("naive_over_batched", "naive", "leases")
     compare("batched_over_read_count_1", "leases", "read_count_1")
     compare("read_count_1_over_batched", "read_count_1", "leases")
+    compare("leases_over_plain", "leases", "plain_batch")
+    compare("baseline_over_plain", "baseline_no_check", "plain_batch")
+    compare("leases_over_baseline", "leases", "baseline_no_check")
+    for rate, runs in report.rates.items():
+        for name, key, base in (
+            ("leases_over_plain", "leases", "plain_batch"),
+            ("baseline_over_plain", "baseline_no_check", "plain_batch"),
+            ("leases_over_baseline", "leases", "baseline_no_check"),
+        ):
+            if key not in runs or base not in runs:
+                continue
+            a, b = runs[key], runs[base]
+            for figure in ("router_cpu", "redis_cpu", "pubsub_cpu"):
+                ratios[f"paced_{rate}_{figure}_{name}"] = round(
+                    getattr(a, f"{figure}_us_per_event") / getattr(b, f"{figure}_us_per_event"), 3
+                )
+            if a.p99_ms and b.p99_ms:
+                ratios[f"paced_{rate}_p99_{name}"] = round(a.p99_ms / b.p99_ms, 3)
     return ratios
 
 
@@ -865,6 +996,8 @@ def print_report(report: Report) -> None:
         for drain in t.values():
             print(f"  {drain.router}: {_command_breakdown(drain.redis_usec_per_event_by_command)}")
     print_topology_section(4, report.topologies, label_width=LABEL_WIDTH, column_width=COLUMN_WIDTH)
+    if report.rates:
+        _print_rates_section(report)
     print("definitions:")
     for name, definition in report.definitions.items():
         print(f"  {name}: {definition}")
@@ -886,7 +1019,8 @@ def _print_order_section(report: Report) -> None:
     if "throughput_leases_over_no_check" in r:
         print(f"ORDER COST, one router, change vs {baseline['commit']} with its check off:")
         print(f"  leases (this tree):  {_changes(r, 'leases_over_no_check')}")
-        print(f"  {baseline['commit']} check on: {_changes(r, 'check_over_no_check')}")
+        if "throughput_check_over_no_check" in r:
+            print(f"  {baseline['commit']} check on: {_changes(r, 'check_over_no_check')}")
 
 
 def _print_scaling_section(report: Report) -> None:
@@ -908,7 +1042,7 @@ def _print_scaling_section(report: Report) -> None:
 
 
 def _print_batching_section(report: Report) -> None:
-    keys = [k for k in ("leases", "naive", "read_count_1") if k in report.throughput]
+    keys = [k for k in ("leases", "plain_batch", "naive", "read_count_1") if k in report.throughput]
     if len(keys) == 1:
         return
     r = report.ratios
@@ -927,6 +1061,11 @@ def _print_batching_section(report: Report) -> None:
             f"{r['pubsub_cpu_naive_over_batched']:.2f}x, router process "
             f"{r['worker_cpu_naive_over_batched']:.2f}x"
         )
+    if "throughput_leases_over_plain" in r:
+        print(f"VS PLAIN BATCH, this tree / plain batch: {_factors(r, 'leases_over_plain')}")
+    if "throughput_baseline_over_plain" in r:
+        print(f"  {report.baseline['commit']} / plain batch: {_factors(r, 'baseline_over_plain')}")
+        print(f"  this tree / {report.baseline['commit']}: {_factors(r, 'leases_over_baseline')}")
     if "throughput_batched_over_read_count_1" in r:
         print(
             f"secondary, batched / worker READ_COUNT=1: throughput "
@@ -959,6 +1098,67 @@ def _print_table(
     if latency and all(k in report.latency for k in keys):
         for label, latency_cell in LATENCY_ROWS:
             row(label, [latency_cell(report.latency[k]) for k in keys])
+
+
+RATE_ROWS: tuple[tuple[str, LatencyCell], ...] = (
+    ("  achieved rate x seconds", lambda lat: f"{lat.achieved_rate:,.0f} x {lat.seconds:.1f}"),
+    ("  received / sent", lambda lat: f"{lat.received:,} / {lat.sent:,}"),
+    ("  p50 / p99 (ms)", lambda lat: f"{ms(lat.p50_ms)} / {ms(lat.p99_ms)}"),
+    ("  p99 min - max over runs (ms)", lambda lat: _latency_span(lat.runs_p99_ms)),
+    ("  router CPU (us/event)", lambda lat: f"{lat.router_cpu_us_per_event:.0f}"),
+    ("  streams redis CPU (us/event)", lambda lat: f"{lat.redis_cpu_us_per_event:.1f}"),
+    ("  pubsub redis CPU (us/event)", lambda lat: f"{lat.pubsub_cpu_us_per_event:.1f}"),
+)
+
+
+def _print_rates_section(report: Report) -> None:
+    r = report.ratios
+    print()
+    print("5. PACED RATES: PER-BATCH COST AT 100 TO 10,000 EV/S")
+    print(
+        "   CPU per event sent, from the producer's start to the drain (idle time included); "
+        "latency as in the latency rows"
+    )
+    for rate, runs in report.rates.items():
+        keys = list(runs)
+
+        def row(label: str, values: Sequence[str]) -> None:
+            print(f"{label:<{LABEL_WIDTH}}" + "".join(f"{v:>{COLUMN_WIDTH}}" for v in values))
+
+        row(f"paced {rate:,} ev/s", [runs[k].router for k in keys])
+        for label, cell in RATE_ROWS:
+            row(label, [cell(runs[k]) for k in keys])
+        for name, title in (
+            ("leases_over_plain", "this tree / plain batch"),
+            ("baseline_over_plain", f"{report.baseline['commit']} / plain batch"),
+            ("leases_over_baseline", f"this tree / {report.baseline['commit']}"),
+        ):
+            key = f"paced_{rate}_router_cpu_{name}"
+            if key not in r:
+                continue
+            p99 = r.get(f"paced_{rate}_p99_{name}")
+            print(
+                f"  {title}: router CPU/event {r[key]:.2f}x, streams redis CPU/event "
+                f"{r[f'paced_{rate}_redis_cpu_{name}']:.2f}x, pubsub redis CPU/event "
+                f"{r[f'paced_{rate}_pubsub_cpu_{name}']:.2f}x, p99 "
+                + ("n/a" if p99 is None else f"{p99:.2f}x")
+            )
+        print("  streams redis server time per event by command (INFO commandstats, us):")
+        for key in keys:
+            usec = runs[key].redis_usec_per_event_by_command
+            print(f"    {runs[key].router}: {_command_breakdown(usec)}")
+
+
+def _factors(ratios: dict[str, float], name: str) -> str:
+    """Throughput, each CPU per event and the paced p99 as factors."""
+    text = (
+        f"throughput {ratios[f'throughput_{name}']:.2f}x, "
+        f"streams redis CPU/event {ratios[f'redis_cpu_{name}']:.2f}x, "
+        f"pubsub redis CPU/event {ratios[f'pubsub_cpu_{name}']:.2f}x, "
+        f"router CPU/event {ratios[f'worker_cpu_{name}']:.2f}x"
+    )
+    p99 = ratios.get(f"p99_{name}")
+    return text if p99 is None else f"{text}, paced p99 {p99:.2f}x"
 
 
 def _scaled(report: Report, drain: Throughput) -> str:
@@ -1059,6 +1259,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-read-count-1", action="store_true", help="skip the worker READ_COUNT=1 runs"
     )
+    parser.add_argument(
+        "--skip-plain-batch", action="store_true", help="skip the plain batch router's column"
+    )
+    parser.add_argument(
+        "--baseline-default-only",
+        action="store_true",
+        help="one baseline column, the worker of --baseline-ref with its own defaults",
+    )
+    parser.add_argument(
+        "--rates",
+        type=_rates,
+        default=(100, 1_000, 10_000),
+        help="paced rates of section 5, comma-separated ev/s (default 100,1000,10000; 0 skips)",
+    )
+    sized("rates_seconds", float, "section 5: paced run length, s")
+    sized("rates_repeats", int, "section 5: interleaved rounds, the median reported")
     sized("baseline_events", int, "naive and READ_COUNT=1 backlog")
     parser.add_argument("--baseline-rate", type=int, default=None, help="default: --rate")
     sized("baseline_seconds", float, "naive and READ_COUNT=1 paced run length, s")
@@ -1097,6 +1313,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.topology_shards < 1:
         parser.error("--topology-shards must be at least 1")
     return args
+
+
+def _rates(value: str) -> tuple[int, ...]:
+    try:
+        rates = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list") from error
+    return tuple(rate for rate in rates if rate > 0)
 
 
 def _router_counts(value: str) -> tuple[int, ...]:

@@ -2,7 +2,8 @@
 
 - `Worker`: `eco-router worker` of this tree, or of a baseline commit (`BaselineSource`) run
   with this interpreter and PYTHONPATH pointing at that commit's `src/`.
-- `NaiveRouter`: `bench/one_at_a_time.py`, the naive one-event-at-a-time router.
+- `NaiveRouter`: `bench/one_at_a_time.py`, the naive one-event-at-a-time router, or (with
+  `module="bench.plain_batch"`) `bench/plain_batch.py`, the plain batch router.
 - `RouterKind`: one column of the table: which router, how many of them, which settings.
 """
 
@@ -26,6 +27,7 @@ from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.domain.streams import StreamFamily
 
 BATCHED_READ_COUNT = 100
+PLAIN_BATCH_MODULE = "bench.plain_batch"
 LISTEN, ESTABLISHED = "0A", "01"
 # A router whose connection last sent one of these has reached its read loop (a read that
 # finds nothing creates no consumer, so XINFO CONSUMERS cannot tell).
@@ -81,13 +83,16 @@ class Worker(RouterProcess):
 
 
 class NaiveRouter(RouterProcess):
-    """`python -m bench.one_at_a_time`; its figures come from the summary line it prints on exit."""
+    """`python -m bench.one_at_a_time` (or `module`); its figures come from the summary line it
+    prints on exit."""
 
-    def __init__(self, streams_url: str, pubsub_url: str, *, name: str) -> None:
+    def __init__(
+        self, streams_url: str, pubsub_url: str, *, name: str, module: str = "bench.one_at_a_time"
+    ) -> None:
         command = [
             sys.executable,
             "-m",
-            "bench.one_at_a_time",
+            module,
             "--streams-url",
             streams_url,
             "--pubsub-url",
@@ -121,7 +126,8 @@ class NaiveRouter(RouterProcess):
 class RouterKind:
     """One column: `routers` processes of one router, with its settings.
 
-    `read_count` None is the naive router; `source` None is this tree's worker.
+    `read_count` None is a standalone bench router, `module` (the naive one by default);
+    `source` None is this tree's worker.
     """
 
     key: str
@@ -130,10 +136,13 @@ class RouterKind:
     routers: int = 1
     source: BaselineSource | None = None
     settings: tuple[tuple[str, str], ...] = ()
+    module: str = "bench.one_at_a_time"
 
     @property
     def reads(self) -> str:
         """What one XREADGROUP asks for."""
+        if self.module == PLAIN_BATCH_MODULE:
+            return f"COUNT {BATCHED_READ_COUNT}, {FAMILY.shards} streams"
         if self.read_count is None:
             return "COUNT 1, 1 stream"
         if self.source is None:
@@ -144,7 +153,7 @@ class RouterKind:
     def spawn(self, streams_url: str, pubsub_url: str, *, name: str) -> RouterProcess:
         """The process of one of the routers, named `name`."""
         if self.read_count is None:
-            return NaiveRouter(streams_url, pubsub_url, name=name)
+            return NaiveRouter(streams_url, pubsub_url, name=name, module=self.module)
         return Worker(
             streams_url,
             pubsub_url,
