@@ -39,6 +39,8 @@ import orjson
 import redis
 from redis.exceptions import ResponseError
 
+from bench.baseline_payload import routed_payload
+
 # apply_batch.lua for a single event: the same keys, markers, verdict codes and writes.
 # KEYS: state, history, applied-markers hash (seq -> id of the entry that applied it; "last").
 # ARGV: state_ttl_s, markers_ttl_s, history_size, seq, entry id, payload.
@@ -68,7 +70,6 @@ return '0'
 
 VERDICTS = {b"0": "new", b"1": "new", b"2": "duplicate", b"3": "stale"}
 # Fields the payload carries typed or under their own name; the rest are copied as strings.
-RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
 
 
 class NaiveRouter:
@@ -142,27 +143,7 @@ class NaiveRouter:
 
     def payload(self, entry_id: str, fields: dict[bytes, bytes]) -> tuple[str, int, bytes] | None:
         """(job_id, seq, JSON payload) shaped like the worker's, or None if it cannot parse."""
-        try:
-            text = {name.decode(): value.decode() for name, value in fields.items()}
-            job_id = text["job_id"]
-            seq = int(text["seq"])
-            message: dict[str, Any] = {
-                name: value for name, value in text.items() if name not in RESERVED_FIELDS
-            }
-            message["job_id"] = job_id
-            message["seq"] = seq
-            for name in ("stage", "status", "ts"):
-                if name in text:
-                    message[name] = text[name]
-            if text.get("progress"):
-                message["progress"] = int(text["progress"])
-            if "result" in text:
-                message["result"] = orjson.loads(text["result"])
-            message["stream_id"] = entry_id
-            message["domain"] = self.domain
-            return job_id, seq, orjson.dumps(message)
-        except (KeyError, ValueError, TypeError):
-            return None
+        return routed_payload(entry_id, fields, self.domain)
 
     def stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True

@@ -38,7 +38,7 @@ import orjson
 import redis
 from redis.exceptions import ResponseError
 
-from bench.one_at_a_time import RESERVED_FIELDS
+from bench.baseline_payload import routed_payload
 
 # KEYS: per job two keys: state, applied-markers hash.
 # ARGV: state_ttl_s, markers_ttl_s, then per event: job index (1-based), seq, entry id, payload;
@@ -158,27 +158,7 @@ class PlainBatchRouter:
 
     def payload(self, entry_id: str, fields: dict[bytes, bytes]) -> tuple[str, int, bytes] | None:
         """(job_id, seq, JSON payload) shaped like the worker's, or None if it cannot parse."""
-        try:
-            text = {name.decode(): value.decode() for name, value in fields.items()}
-            job_id = text["job_id"]
-            seq = int(text["seq"])
-            message: dict[str, Any] = {
-                name: value for name, value in text.items() if name not in RESERVED_FIELDS
-            }
-            message["job_id"] = job_id
-            message["seq"] = seq
-            for name in ("stage", "status", "ts"):
-                if name in text:
-                    message[name] = text[name]
-            if text.get("progress"):
-                message["progress"] = int(text["progress"])
-            if "result" in text:
-                message["result"] = orjson.loads(text["result"])
-            message["stream_id"] = entry_id
-            message["domain"] = self.domain
-            return job_id, seq, orjson.dumps(message)
-        except (KeyError, ValueError, TypeError):
-            return None
+        return routed_payload(entry_id, fields, self.domain)
 
     def stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
