@@ -9,9 +9,11 @@ from eco_router.testing import RedisServer
 
 
 @contextmanager
-def redis_servers() -> Iterator[tuple[RedisServer, RedisServer]]:
+def redis_servers(
+    pubsub_args: tuple[str, ...] = (),
+) -> Iterator[tuple[RedisServer, RedisServer]]:
     """Start (streams, Pub/Sub) on free loopback ports; remove both on the way out."""
-    streams, pubsub = RedisServer(), RedisServer()
+    streams, pubsub = RedisServer(), RedisServer(extra_args=pubsub_args)
     try:
         streams.start()
         pubsub.start()

@@ -39,8 +39,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ import uvloop
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
+from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, ms, percentile, run_benchmark, step
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from bench.sse_client import SseConnection, Tally, open_connections
@@ -368,18 +369,9 @@ async def shutdown(gateway: Gateway, connections: list[SseConnection], r: Result
         connection.close()
 
 
-@contextmanager
-def servers(connections: int) -> Iterator[tuple[RedisServer, RedisServer]]:
+def servers(connections: int) -> AbstractContextManager[tuple[RedisServer, RedisServer]]:
     # The reference holds one Pub/Sub connection per client.
-    streams = RedisServer()
-    pubsub = RedisServer(extra_args=("--maxclients", str(connections + 4_000)))
-    try:
-        streams.start()
-        pubsub.start()
-        yield streams, pubsub
-    finally:
-        streams.cleanup()
-        pubsub.cleanup()
+    return redis_servers(pubsub_args=("--maxclients", str(connections + 4_000)))
 
 
 def run_column(column: Column, args: argparse.Namespace, fds: int) -> Result:
