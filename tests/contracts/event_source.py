@@ -419,6 +419,212 @@ class EventSourceContract(ContractFamilies):
 
         assert await self.claim_all(source, self.scan_1) == []
 
+    # blocking reads
+
+    async def test_a_blocking_read_returns_at_once_what_is_there(self) -> None:
+        source = await self.prepared_source()
+        written = await self.append_many(self.scan_0, 2)
+
+        async with asyncio.timeout(2):
+            batch = await source.read_new(self.from_start, count=100, block_ms=5000)
+
+        assert ids(batch.deliveries) == written
+        assert batch.marks
+
+    async def test_a_blocking_read_returns_the_first_entry_appended_while_it_waits(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        after = (await source.read_new(self.from_start, count=100)).marks
+        reading = asyncio.ensure_future(source.read_new(after, count=100, block_ms=5000))
+        await asyncio.sleep(0.1)
+        if not source.can_block:
+            # A source that cannot block returns at once.
+            assert (await reading).deliveries == []
+            return
+        assert not reading.done()
+
+        written = await self.append(self.scan_1, fields_of(1))
+
+        async with asyncio.timeout(5):
+            batch = await reading
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(self.scan_1, written)]
+        assert batch.marks[self.scan_1] == written
+
+    async def test_a_blocking_read_returns_nothing_after_its_block(self) -> None:
+        source = await self.prepared_source()
+        after = (await source.read_new(self.from_start, count=100)).marks
+
+        async with asyncio.timeout(5):
+            batch = await source.read_new(after, count=100, block_ms=50)
+
+        assert batch.deliveries == []
+        assert batch.marks == after
+
+    async def test_interrupt_wakes_a_blocked_read_which_loses_nothing(self) -> None:
+        source = await self.prepared_source()
+        after = (await source.read_new(self.from_start, count=100)).marks
+        reading = asyncio.ensure_future(source.read_new(after, count=100, block_ms=30_000))
+        await asyncio.sleep(0.1)
+
+        async with asyncio.timeout(5):
+            await source.interrupt()
+            batch = await reading
+
+        assert batch.deliveries == []
+        written = await self.append(self.scan_0, fields_of(1))
+        later = await source.read_new(after, count=100)
+        assert ids(later.deliveries) == [written]
+
+    async def test_interrupt_just_as_the_read_starts_still_wakes_it(self) -> None:
+        source = await self.prepared_source()
+        after = (await source.read_new(self.from_start, count=100)).marks
+        reading = asyncio.ensure_future(source.read_new(after, count=100, block_ms=30_000))
+        await asyncio.sleep(0)  # the read has begun, its command may not have reached the server
+
+        async with asyncio.timeout(5):
+            await source.interrupt()
+            batch = await reading
+
+        assert batch.deliveries == []
+
+    async def test_an_interrupt_with_no_read_in_flight_makes_the_next_one_not_block(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        after = (await source.read_new(self.from_start, count=100)).marks
+
+        await source.interrupt()
+
+        async with asyncio.timeout(5):
+            assert (await source.read_new(after, count=100, block_ms=30_000)).deliveries == []
+
+    async def test_a_blocking_read_acks_what_it_is_given(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 2)
+        read = await source.read_new(self.from_start, count=100)
+
+        async with asyncio.timeout(5):
+            await source.read_new(read.marks, count=100, acks=read.deliveries, block_ms=50)
+
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 0
+
+    async def test_a_blocking_read_reports_a_broken_shard_and_reads_the_others(self) -> None:
+        source = await self.prepared_source()
+        await self.break_shard(self.scan_0)
+        chat = await self.append(self.chat_0, fields_of(1, "chat-job"))
+
+        async with asyncio.timeout(5):
+            batch = await source.read_new(self.from_start, count=100, block_ms=5000)
+
+        assert ids(batch.deliveries) == [chat]
+        assert list(batch.broken) == [self.scan_0]
+
+    async def test_a_blocking_read_brings_a_destroyed_group_back(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 2)
+        read = ids(await self.read_all(source))
+        await self.destroy_group(self.scan_0)
+        written = await self.append(self.scan_0, fields_of(3))
+
+        async with asyncio.timeout(5):
+            batch = await source.read_new(
+                {**self.from_start, self.scan_0: read[-1]}, count=100, block_ms=5000
+            )
+
+        assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(self.scan_0, written)]
+        assert batch.regrouped == {self.scan_0: read[-1]}
+
+    async def test_a_blocking_read_reports_a_gap(self) -> None:
+        source = await self.prepared_source()
+        other = await self.prepared_source("consumer-b")
+        written = await self.append_many(self.scan_0, 1)
+        await other.read_new({self.scan_0: "0-0"}, count=100)
+
+        async with asyncio.timeout(5):
+            batch = await source.read_new({self.scan_0: "0-0"}, count=100, block_ms=50)
+
+        assert batch.deliveries == []
+        assert batch.gaps == {self.scan_0}
+        assert written
+
+    async def test_a_blocking_read_on_an_unreachable_server_raises_a_transient_error(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        await self.cut_server(source)
+
+        with pytest.raises(TransientError):
+            async with asyncio.timeout(20):
+                await source.read_new(self.from_start, count=100, block_ms=50)
+
+    # acks carried by a read or a wait
+
+    async def test_read_new_acks_what_it_is_given_before_it_reads(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 2)
+        await self.append(self.chat_0, fields_of(1, "chat-job"))
+        routed = await self.read_all(source)
+        later = await self.append(self.scan_1, fields_of(3))
+
+        batch = await source.read_new(self.from_start, count=100, acks=routed)
+
+        assert ids(batch.deliveries) == [later]
+        assert [(s.stream, s.pending) for s in await source.shard_stats()] == [
+            (self.scan_0, 0),
+            (self.scan_1, 1),
+            (self.chat_0, 0),
+        ]
+
+    async def test_read_new_of_no_shard_still_acks(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 1)
+        routed = await self.read_all(source)
+
+        await source.read_new({}, count=100, acks=routed)
+
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 0
+
+    async def test_an_ack_refused_for_good_reports_its_shard_broken_and_the_rest_read(
+        self,
+    ) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 1)
+        routed = await self.read_all(source)
+        await self.break_shard(self.scan_0)
+        chat = await self.append(self.chat_0, fields_of(1, "chat-job"))
+
+        batch = await source.read_new(
+            {self.scan_1: "0-0", self.chat_0: "0-0"}, count=100, acks=routed
+        )
+
+        assert ids(batch.deliveries) == [chat]
+        assert list(batch.broken) == [self.scan_0]
+        assert batch.broken[self.scan_0].key == self.scan_0
+
+    async def test_wait_for_new_acks_what_it_is_given_before_it_waits(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 2)
+        read = await source.read_new(self.from_start, count=100)
+
+        async with asyncio.timeout(5):
+            await source.wait_for_new(read.marks, block_ms=50, acks=read.deliveries)
+
+        assert stats_of(await source.shard_stats(), self.scan_0).pending == 0
+
+    async def test_wait_for_new_names_a_shard_that_refuses_its_ack_for_good(self) -> None:
+        source = await self.prepared_source()
+        await self.append_many(self.scan_0, 1)
+        read = await source.read_new(self.from_start, count=100)
+        await self.break_shard(self.scan_0)
+        marks = {self.chat_0: read.marks[self.chat_0]}
+
+        with pytest.raises(PermanentError) as refused:
+            async with asyncio.timeout(5):
+                await source.wait_for_new(marks, block_ms=50, acks=read.deliveries)
+
+        assert refused.value.key == self.scan_0
+
     # claim
 
     async def test_a_take_over_claims_every_pending_entry_with_its_delivery_count(

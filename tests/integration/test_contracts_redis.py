@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ from redis.crc import key_slot
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
+from eco_router.adapters.redis.connection import open_pinned_reader
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
@@ -44,10 +46,20 @@ class TestRedisStreamEventSource(EventSourceContract):
     def _backend(self, streams_server: RedisServer, streams_redis: Redis) -> None:
         self.server = streams_server
         self.redis = streams_redis
+        self.url = streams_server.url
+
+    @pytest.fixture(autouse=True)
+    async def _readers(self) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as readers:
+            self.readers = readers
+            yield
 
     async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        reader = await self.readers.enter_async_context(
+            open_pinned_reader(self.url, socket_timeout_s=10.0, client_name="reader")
+        )
         return RedisStreamEventSource(
-            self.redis, families=self.families, group=group, consumer=consumer
+            self.redis, families=self.families, group=group, consumer=consumer, reader=reader
         )
 
     async def append(self, stream: str, fields: Mapping[bytes, bytes]) -> str:

@@ -64,6 +64,7 @@ class OnCluster:
     ) -> None:
         self.redis = cluster_redis  # type: ignore[assignment]
         self.server = _Cut(redis_cluster, shared_cluster)  # type: ignore[assignment]
+        self.url = redis_cluster.url
 
 
 class OnSentinel:
@@ -78,6 +79,7 @@ class OnSentinel:
     ) -> None:
         self.redis = sentinel_redis  # type: ignore[assignment]
         self.server = _Cut(sentinel_group, shared_sentinel)  # type: ignore[assignment]
+        self.url = sentinel_group.url
 
 
 class TestEventSourceOnCluster(OnCluster, ports.TestRedisStreamEventSource):

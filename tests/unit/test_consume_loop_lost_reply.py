@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import ReadBatch
+from eco_router.application.messages import Delivery, ReadBatch
 from tests.unit.factories import GROUP, Harness, eventually
 
 
@@ -17,8 +17,15 @@ class LosingOneReply(InMemoryEventSource):
 
     lose_next = False
 
-    async def read_new(self, tokens: Mapping[str, int], *, count: int) -> ReadBatch:
-        batch = await super().read_new(tokens, count=count)
+    async def read_new(
+        self,
+        tokens: Mapping[str, int],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+    ) -> ReadBatch:
+        batch = await super().read_new(tokens, count=count, acks=acks, block_ms=block_ms)
         if self.lose_next and batch.deliveries:
             self.lose_next = False
             raise TransientError("connection reset after the server had read")
@@ -60,12 +67,20 @@ class RetryingAfterALostReply(InMemoryEventSource):
 
     lose_next = False
 
-    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
-        if self.lose_next:
-            lost = await super().read_new(after, count=count)
-            if lost.deliveries:
-                self.lose_next = False
-        return await super().read_new(after, count=count)
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+    ) -> ReadBatch:
+        first = await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
+        if not (self.lose_next and first.deliveries):
+            return first
+        # The reply of the attempt that took entries is lost; the retry reads on.
+        self.lose_next = False
+        return await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
 
 
 class TestRetriedRead:

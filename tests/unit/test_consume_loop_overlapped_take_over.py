@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.held_shards import Phase
-from eco_router.application.messages import ClaimPage, ReadBatch
+from eco_router.application.messages import ClaimPage, Delivery, ReadBatch
 from tests.unit.factories import GROUP, Harness, eventually
 
 JOB = "job-1"
@@ -36,9 +36,16 @@ class ReadBetweenClaimPages(InMemoryEventSource):
             stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
         )
 
-    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+    ) -> ReadBatch:
         self.reads += 1
-        return await super().read_new(after, count=count)
+        return await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
 
 
 class TestTakeOverOverlappingTheLastRead:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import PermanentError, TransientError
@@ -35,8 +36,9 @@ class ConsumeLoop:
       (entries after this router's position pending elsewhere, or taken by a read whose reply
       was lost): a shard with a gap is taken over again, so those come first. Behind a
       backlog the next batch is read while this one is routed; once a read has drained the
-      shards, the loop waits for an append (after the marks the read gave), a change of held
-      shards, or stop, before reading again.
+      shards, the next read blocks on the server until an entry comes, woken (not cancelled,
+      which could lose its reply) by a change of held shards or stop; a source that cannot
+      block waits for an append after the marks the read gave, then reads.
     - A fenced shard (another router holds it now) is dropped with what is in hand of it,
       unacked: its new holder claims those entries.
     - Transient errors (a server unreachable, a publish that failed): keep the batch in
@@ -49,6 +51,10 @@ class ConsumeLoop:
       the shard, so nothing already routed is read again.
     - Any other error: log it and leave the batch pending for the reclaimer, which brings it
       back with its delivery count, so a poison entry ends in the dead-letter stream.
+    - Acks ride on the next round trip to the streams server (the next read, or the wait
+      for appends), not one of their own; they are sent on their own only before a claim
+      (an entry routed but not acked would be claimed again) and at stop. A settled entry
+      counts as in hand until its ack has landed, so a shard is not given up before.
     - Stop: nothing new is read or claimed; the batch in flight is finished (routed and acked)
       within `drain_grace_s`, whatever is still unsettled after that stays pending.
     """
@@ -82,6 +88,9 @@ class ConsumeLoop:
         self._prefetch: tuple[asyncio.Task[ReadBatch], dict[str, int]] | None = None
         self._drained: tuple[Mapping[str, str], dict[str, int]] | None = None
         self._finishing: set[str] = set()
+        self._owed: list[Delivery] = []  # settled, acked with the next round trip
+        # What wakes a blocking read: held shards changed, stop. Kept from read to read.
+        self._wakers: dict[str, asyncio.Future[object]] = {}
         self.health = health or RouterHealth(clock=clock, metrics=metrics, families=source.families)
         self._runs = 0
         self.prepared = asyncio.Event()
@@ -92,6 +101,8 @@ class ConsumeLoop:
             self._held.take_over_again(self._held.streams())
             self._prefetch, self._drained = None, None
             self._finishing.clear()
+            self._owed.clear()
+        self._wakers.clear()
         self._runs += 1
         if not await self._prepare(stop):
             return
@@ -143,6 +154,9 @@ class ConsumeLoop:
                     self.health.untroubled("consumer")
         finally:
             await self._cancel_prefetch()
+            for waker in self._wakers.values():
+                waker.cancel()
+            await self._flush_acks_at_exit()
 
     async def _prepare(self, stop: asyncio.Event) -> bool:
         while not stop.is_set():
@@ -212,16 +226,53 @@ class ConsumeLoop:
         drained, self._drained = self._drained, None
         if drained is not None and drained[1] == tokens:
             # The last read took everything there was: wait for an append before reading.
+            if self._source.can_block:
+                return await self._read_blocking(tokens, stop)
             await self._wait_for_work(stop, drained[0])
             return [], {}
         read = self._start_read(tokens)
         return await self._take_read(await read, tokens, stop)
+
+    async def _read_blocking(
+        self, tokens: dict[str, int], stop: asyncio.Event
+    ) -> tuple[list[Delivery], Fence]:
+        """A read that waits on the server for the first entry, woken by a change of held
+        shards or stop (and a quarantined shard's retry, by its time limit)."""
+        block_ms = self._block_ms
+        retry_s = self.health.next_retry_s()
+        if retry_s is not None:
+            block_ms = max(1, min(block_ms, int(retry_s * 1000)))
+        read = self._start_read(tokens, block_ms=block_ms)
+        try:
+            waits = [cast("asyncio.Future[object]", read), *self._wakers_of(stop)]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                try:
+                    await self._source.interrupt()
+                except (TransientError, PermanentError) as error:
+                    # The read ends by itself within its block.
+                    log.debug("could not wake the blocked read: %s", error)
+            batch = await read
+        except BaseException:
+            read.cancel()
+            raise
+        return await self._take_read(batch, tokens, stop, blocked=True)
+
+    def _wakers_of(self, stop: asyncio.Event) -> list[asyncio.Future[object]]:
+        """Waits for a change of held shards and for stop, made again once they fired."""
+        for name, event in (("changed", self._held.changed), ("stop", stop)):
+            waker = self._wakers.get(name)
+            if waker is None or waker.done():
+                self._wakers[name] = asyncio.ensure_future(event.wait())
+        return list(self._wakers.values())
 
     async def _claim_left(self, stream: str) -> tuple[list[Delivery], Fence] | None:
         """The next page of what earlier holders left on `stream`; None once none is left."""
         held = self._held.get(stream)
         if held is None:
             return None
+        # A routed entry whose ack is still owed would be claimed and published again.
+        await self._flush_acks()
         try:
             page = await self._source.claim(
                 stream, token=held.token, cursor=held.cursor, min_idle_ms=0, count=self._read_count
@@ -275,15 +326,25 @@ class ConsumeLoop:
                 )
         self._finishing.clear()
 
-    def _start_read(self, tokens: dict[str, int]) -> asyncio.Task[ReadBatch]:
+    def _start_read(self, tokens: dict[str, int], *, block_ms: int = 0) -> asyncio.Task[ReadBatch]:
         # A read in flight holds its shards: none is handed over before its entries settle.
         self._held.picked_up(tokens)
         after = {s: last for s, last in self._held.reading().items() if s in tokens}
-        return asyncio.ensure_future(self._read(tokens, after))
+        return asyncio.ensure_future(self._read(tokens, after, block_ms))
 
-    async def _read(self, tokens: dict[str, int], after: dict[str, str]) -> ReadBatch:
+    async def _read(
+        self, tokens: dict[str, int], after: dict[str, str], block_ms: int
+    ) -> ReadBatch:
+        acks = self._take_owed()
         try:
-            batch = await self._source.read_new(after, count=self._read_count)
+            try:
+                batch = await self._source.read_new(
+                    after, count=self._read_count, acks=acks, block_ms=block_ms
+                )
+            except BaseException:
+                self._owe_again(acks)
+                raise
+            self._acked(acks)
             self._held.picked_up(streams_of(batch.deliveries))
             # Entries come in id order per stream: the last one of each is the new position.
             last = {d.stream: d.entry_id for d in batch.deliveries}
@@ -302,7 +363,7 @@ class ConsumeLoop:
             self._held.put_down(tokens)
 
     async def _take_read(
-        self, read: ReadBatch, tokens: dict[str, int], stop: asyncio.Event
+        self, read: ReadBatch, tokens: dict[str, int], stop: asyncio.Event, *, blocked: bool = False
     ) -> tuple[list[Delivery], Fence]:
         for stream, error in read.broken.items():
             self.health.quarantine(stream, error)
@@ -331,7 +392,11 @@ class ConsumeLoop:
                 self._prefetch = (self._start_read(following), following)
             return batch.deliveries, tokens
         if tokens == self._reading() and not self._taking_over() and not read.broken:
-            await self._wait_for_work(stop, batch.marks)
+            if self._source.can_block:
+                # Nothing came (or the read was woken): the next read blocks again.
+                self._drained = (batch.marks, tokens) if batch.marks else None
+            elif not blocked:
+                await self._wait_for_work(stop, batch.marks)
         return [], {}
 
     def _still_reading(self, read: ReadBatch, tokens: dict[str, int]) -> ReadBatch:
@@ -355,15 +420,21 @@ class ConsumeLoop:
     async def _wait_for_work(
         self, stop: asyncio.Event, marks: Mapping[str, str] | None = None
     ) -> None:
-        """Until an entry is appended after `marks`, the held shards change, or stop."""
+        """Until an entry is appended after `marks`, the held shards change, or stop; the acks
+        owed go with the wait for appends, else on their own before."""
+        if not marks:
+            await self._flush_acks()
+        acks = self._take_owed() if marks else []
         waits: list[asyncio.Future[object]] = [
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
         ]
+        appended: asyncio.Future[None] | None = None
         if marks:
-            waits.append(
-                asyncio.ensure_future(self._source.wait_for_new(marks, block_ms=self._block_ms))
+            appended = asyncio.ensure_future(
+                self._source.wait_for_new(marks, block_ms=self._block_ms, acks=acks)
             )
+            waits.append(cast("asyncio.Future[object]", appended))
         try:
             # A quarantined shard's retry wakes the loop too.
             done, _ = await asyncio.wait(
@@ -375,21 +446,60 @@ class ConsumeLoop:
             for wait in waits:
                 with contextlib.suppress(BaseException):
                     await wait
+            if _succeeded(appended):
+                self._acked(acks)
+            else:
+                self._owe_again(acks)
         for wait in done:
             wait.result()  # a failed wait for appends is a transient error to back off from
 
     async def _settle(self, batch: Sequence[Delivery], fence: Fence) -> list[Delivery]:
-        result = await self._route(batch, fence)
+        result = await self._route(batch, fence, ack=False)
         if result.error is not None:
             self.health.troubled("consumer", result.error)
         for stream in result.fenced:
             self._lost(stream)
-        if not result.unsettled:
-            self._held.put_down(streams_of(batch))
-            return []
-        kept = {(d.stream, d.entry_id) for d in result.unsettled}
+        self._owed += result.to_ack
+        # Unsettled entries stay in hand, and so do settled ones until their ack lands.
+        kept = {(d.stream, d.entry_id) for d in (*result.unsettled, *result.to_ack)}
         self._held.put_down(streams_of(d for d in batch if (d.stream, d.entry_id) not in kept))
         return result.unsettled
+
+    def _take_owed(self) -> list[Delivery]:
+        acks, self._owed = self._owed, []
+        return acks
+
+    def _owe_again(self, acks: Sequence[Delivery]) -> None:
+        """`acks` may not have landed: they go with a later round trip (acking twice is
+        harmless)."""
+        self._owed[:0] = acks
+
+    def _acked(self, acks: Sequence[Delivery]) -> None:
+        self._held.put_down(streams_of(acks))
+
+    async def _flush_acks(self) -> None:
+        """The owed acks, in a round trip of their own."""
+        acks = self._take_owed()
+        if not acks:
+            return
+        try:
+            await self._source.ack(acks)
+        except PermanentError:
+            # Acked, but on the shard it names, which is quarantined by the caller.
+            self._acked(acks)
+            raise
+        except BaseException:
+            self._owe_again(acks)
+            raise
+        self._acked(acks)
+
+    async def _flush_acks_at_exit(self) -> None:
+        owed = len(self._owed)
+        try:
+            await self._flush_acks()
+        except Exception as error:
+            # Routed and published: whoever claims them judges them applied already.
+            log.warning("stopping with %d routed entries not acknowledged: %s", owed, error)
 
     def _lost(self, stream: str) -> None:
         if self._held.lose(stream) is not None:
@@ -413,3 +523,9 @@ class ConsumeLoop:
             await sleep_unless_stopped(stop, delay)
         else:
             await asyncio.sleep(max(0.0, min(delay, stop_deadline - time.monotonic())))
+
+
+def _succeeded(future: asyncio.Future[None] | None) -> bool:
+    return (
+        future is not None and future.done() and not future.cancelled() and not future.exception()
+    )

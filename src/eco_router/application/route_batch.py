@@ -30,10 +30,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class RouteResult:
-    """What became of a batch; `unsettled` deliveries are owed a publish and were not acked."""
+    """What became of a batch; `unsettled` deliveries are owed a publish and were not acked;
+    `to_ack` are the settled ones left for the caller to ack (when it asked to)."""
 
     verdicts: Counter[Verdict] = field(default_factory=Counter)
     unsettled: list[Delivery] = field(default_factory=list)
+    to_ack: list[Delivery] = field(default_factory=list)
     fenced: frozenset[str] = frozenset()
     error: PublishFailed | None = None
 
@@ -50,7 +52,8 @@ class RouteBatch:
     - Each job's events are judged in seq order, the whole batch in one atomic store call.
     - NEW events are published in that order; DUPLICATE and STALE ones are only acked.
     - Publish-then-ack: when the publish fails, the NEW entries stay unacked and are returned
-      as unsettled, so a retry (or another consumer) publishes them; everything else is acked.
+      as unsettled, so a retry (or another consumer) publishes them; everything else is acked,
+      or, with `ack=False`, returned as `to_ack` for the caller to ack in its next round trip.
     - Fencing: the batch is applied only for the shards whose token in `fence` still holds
       (checked atomically with the apply). A fenced shard's entries are left as they are,
       unpublished, not dead-lettered and unacked: the router that holds it now routes them.
@@ -82,7 +85,7 @@ class RouteBatch:
         self._size_limits = size_limits
 
     async def __call__(
-        self, deliveries: Sequence[Delivery], fence: Mapping[str, int]
+        self, deliveries: Sequence[Delivery], fence: Mapping[str, int], *, ack: bool = True
     ) -> RouteResult:
         started = self._clock.monotonic()
         result = RouteResult()
@@ -156,7 +159,11 @@ class RouteBatch:
                     letter.detail,
                 )
         unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
-        await self._source.ack([d for d in deliveries if (d.stream, d.entry_id) not in unsettled])
+        settled = [d for d in deliveries if (d.stream, d.entry_id) not in unsettled]
+        if ack:
+            await self._source.ack(settled)
+        else:
+            result.to_ack = settled
 
         self._report(result, letters, judged, deliveries, started)
         return result

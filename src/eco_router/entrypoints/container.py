@@ -19,7 +19,7 @@ from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
 from eco_router.adapters.prometheus.readiness_metrics import PrometheusReadinessMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
-from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.connection import open_pinned_reader, open_redis
 from eco_router.adapters.redis.dead_letters import (
     RedisDeadLetterArchive,
     RedisStreamDeadLetterSink,
@@ -80,12 +80,20 @@ class Container(containers.DeclarativeContainer):
         client_name="eco-router-pubsub",
     )
 
+    # The router's blocking reads, on a connection of their own (None on a cluster).
+    streams_reader = providers.Resource(
+        open_pinned_reader,
+        url=settings.provided.redis_streams_url,
+        socket_timeout_s=settings.provided.streams_socket_timeout_s,
+        client_name="eco-router-streams-reader",
+    )
     event_source = providers.Singleton(
         RedisStreamEventSource,
         streams_redis,
         families=settings.provided.streams,
         group=settings.provided.consumer_group,
         consumer=settings.provided.consumer_name,
+        reader=streams_reader,
     )
     lease_store = providers.Singleton(
         RedisLeaseStore,
@@ -273,6 +281,7 @@ def use_in_memory(container: Container) -> None:
     """Replace every Redis adapter with its in-memory twin (no sockets are opened)."""
     settings = container.settings
     container.streams_redis.override(providers.Object(None))
+    container.streams_reader.override(providers.Object(None))
     container.pubsub_redis.override(providers.Object(None))
     container.event_source.override(
         providers.Singleton(

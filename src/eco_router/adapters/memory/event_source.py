@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
@@ -20,7 +22,8 @@ from eco_router.domain.streams import StreamFamily, shard_of
 
 
 class InMemoryEventSource(EventSource):
-    """One consumer of one group; set `available = False` to simulate an unreachable server."""
+    """One consumer of one group; set `available = False` to simulate an unreachable server.
+    `blocking=False` makes it a source whose reads cannot block, as on a Redis Cluster."""
 
     def __init__(
         self,
@@ -29,9 +32,13 @@ class InMemoryEventSource(EventSource):
         families: Sequence[StreamFamily],
         group: str,
         consumer: str,
+        blocking: bool = True,
     ) -> None:
         self.streams = streams
         self.available = True
+        self._blocking = blocking
+        self._waking: asyncio.Event | None = None
+        self._woken = False
         self._families = tuple(families)
         self._group = group
         self._consumer = consumer
@@ -51,12 +58,57 @@ class InMemoryEventSource(EventSource):
                 broken[stream] = PermanentError(stream, f"XGROUP CREATE: {error}")
         return broken
 
-    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+    @property
+    def can_block(self) -> bool:
+        return self._blocking
+
+    async def interrupt(self) -> None:
+        if self._waking is not None:
+            self._waking.set()
+        else:
+            self._woken = True
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+    ) -> ReadBatch:
+        read = self._read_now(after, count, acks)
+        if not (block_ms > 0 and self._blocking):
+            return read
+        woken, self._woken = self._woken, False
+        if woken or read.deliveries or read.gaps or not read.marks:
+            return read
+        waking = self._waking = asyncio.Event()
+        try:
+            waits = [
+                asyncio.ensure_future(self.streams.wait_for_entries(read.marks, block_ms / 1000)),
+                asyncio.ensure_future(waking.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+        finally:
+            self._waking = None
+        again = self._read_now(after, count, ())
+        return dataclasses.replace(again, broken={**read.broken, **again.broken})
+
+    def _read_now(
+        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery]
+    ) -> ReadBatch:
         self._check()
         deliveries: list[Delivery] = []
-        broken: dict[str, PermanentError] = {}
+        broken: dict[str, PermanentError] = self._ack_each(acks)
         regrouped: dict[str, str] = {}
         for stream, last in after.items():
+            if stream in broken:
+                continue
             try:
                 try:
                     taken = self.streams.read_new(self._group, self._consumer, [stream], count)
@@ -67,7 +119,7 @@ class InMemoryEventSource(EventSource):
                     self.streams.create_group(stream, self._group, at=regrouped[stream])
                     taken = self.streams.read_new(self._group, self._consumer, [stream], count)
             except WrongType as error:
-                broken[stream] = PermanentError(stream, f"XREADGROUP: {error}")
+                broken.setdefault(stream, PermanentError(stream, f"XREADGROUP: {error}"))
                 continue
             deliveries += [
                 Delivery(self._family_of[name], name, entry_id, fields)
@@ -91,8 +143,13 @@ class InMemoryEventSource(EventSource):
         lowest = min(later, key=StreamEntryId.parse)
         return pending[lowest].consumer != self._consumer or lowest != first_read
 
-    async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
+    async def wait_for_new(
+        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
+    ) -> None:
         self._check()
+        refused = self._ack_each(acks)
+        if refused:
+            raise next(iter(refused.values()))
         await self.streams.wait_for_entries(marks, block_ms / 1000)
 
     async def claim(
@@ -117,16 +174,21 @@ class InMemoryEventSource(EventSource):
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._check()
-        refused: PermanentError | None = None
+        refused = self._ack_each(deliveries)
+        if refused:
+            raise list(refused.values())[-1]
+
+    def _ack_each(self, deliveries: Sequence[Delivery]) -> dict[str, PermanentError]:
+        """Ack every delivery; the streams that refused for good."""
+        refused: dict[str, PermanentError] = {}
         for delivery in deliveries:
             try:
                 self.streams.ack(delivery.stream, self._group, [delivery.entry_id])
             except NoGroup:
                 continue
             except WrongType as error:
-                refused = PermanentError(delivery.stream, f"XACK: {error}")
-        if refused is not None:
-            raise refused
+                refused[delivery.stream] = PermanentError(delivery.stream, f"XACK: {error}")
+        return refused
 
     async def shard_stats(self) -> list[ShardStats]:
         self._check()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,6 +12,7 @@ import redis.cluster
 import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 100
 CONNECT_TIMEOUT_S = 2.0
 
+# Called with each new connection in place of its handshake.
+ConnectHook = Callable[[AbstractConnection], Awaitable[None]]
+
 # What the adapters are given: one server's (or a Sentinel group's master's) client, or a
 # Redis Cluster's, which routes each command to the node owning its keys' slot.
 RedisClient = Redis | RedisCluster
@@ -43,16 +47,23 @@ class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionP
 
 
 def redis_client(
-    url: str, *, socket_timeout_s: float, client_name: str
+    url: str,
+    *,
+    socket_timeout_s: float,
+    client_name: str,
+    max_connections: int = MAX_CONNECTIONS,
+    on_connect: ConnectHook | None = None,
 ) -> tuple[RedisClient, list[Redis]]:
     """A client for `url` (one server or a Sentinel group's master) that fails fast, and the
     sentinels' clients it asks (to close with it).
 
-    Beyond `MAX_CONNECTIONS` concurrent commands, callers wait (up to the socket timeout)
+    Beyond `max_connections` concurrent commands, callers wait (up to the socket timeout)
     for a pooled connection instead of failing. Behind Sentinel, every new connection asks
-    the sentinels for the master, so a failover needs no restart.
+    the sentinels for the master, so a failover needs no restart. `on_connect` replaces
+    the handshake of every new connection (it calls `connection.on_connect()` itself).
     """
     topology = parse_redis_url(url)
+    hook: dict[str, Any] = {"redis_connect_func": on_connect} if on_connect else {}
     common: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
@@ -66,7 +77,7 @@ def redis_client(
         # TCP keepalive means nothing on a Unix socket, whose connection class refuses it.
         tcp = {} if url.startswith("unix://") else {"socket_keepalive": True}
         pool = BlockingConnectionPool.from_url(
-            url, max_connections=MAX_CONNECTIONS, timeout=socket_timeout_s, **common, **tcp
+            url, max_connections=max_connections, timeout=socket_timeout_s, **common, **tcp, **hook
         )
         return Redis.from_pool(pool), []
     if isinstance(topology, SentinelGroup):
@@ -77,8 +88,9 @@ def redis_client(
             topology.master_name,
             redis_class=Redis,
             connection_pool_class=BlockingSentinelConnectionPool,
-            max_connections=MAX_CONNECTIONS,
+            max_connections=max_connections,
             timeout=socket_timeout_s,
+            **hook,
         )
         return client, list(sentinel.sentinels)
     assert isinstance(topology, ClusterSeeds)
@@ -169,6 +181,50 @@ async def open_redis(
         if ping:
             await client.ping()
         yield client
+    finally:
+        await client.aclose()
+        for helper in helpers:
+            await helper.aclose()
+
+
+class PinnedReader:
+    """A client over one connection of its own, whose server-side id is known: a command
+    blocking on it (XREADGROUP BLOCK) can be woken from another connection with CLIENT
+    UNBLOCK, instead of being cancelled, which would lose a reply in flight. The id is
+    learned on every (re)connect, so it follows a reconnect and a Sentinel failover."""
+
+    def __init__(self) -> None:
+        self.client: Redis | None = None
+        self.client_id: int | None = None
+
+    async def on_connect(self, connection: AbstractConnection) -> None:
+        self.client_id = None
+        await connection.on_connect()
+        await connection.send_command("CLIENT", "ID")
+        self.client_id = int(await connection.read_response())
+
+
+@asynccontextmanager
+async def open_pinned_reader(
+    url: str, *, socket_timeout_s: float, client_name: str
+) -> AsyncIterator[PinnedReader | None]:
+    """A `PinnedReader` for `url`, closed on exit; None on a Redis Cluster, whose shards a
+    single connection cannot read."""
+    if isinstance(parse_redis_url(url), ClusterSeeds):
+        yield None
+        return
+    reader = PinnedReader()
+    client, helpers = redis_client(
+        url,
+        socket_timeout_s=socket_timeout_s,
+        client_name=client_name,
+        max_connections=1,
+        on_connect=reader.on_connect,
+    )
+    assert isinstance(client, Redis)
+    reader.client = client
+    try:
+        yield reader
     finally:
         await client.aclose()
         for helper in helpers:

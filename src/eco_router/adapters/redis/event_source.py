@@ -9,11 +9,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connection import PinnedReader, RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, on_node_of
+from eco_router.adapters.redis.unblocker import Unblocker
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
@@ -30,12 +31,27 @@ RawEntry = tuple[bytes | None, dict[bytes, bytes] | None]
 
 
 class RedisStreamEventSource(EventSource):
-    """Reads every shard of every family with XREADGROUP as one consumer of one group."""
+    """Reads every shard of every family with XREADGROUP as one consumer of one group.
+
+    With a `reader` (a connection of its own), a read may block on the server until an entry
+    comes (XREADGROUP BLOCK), woken by `interrupt` with CLIENT UNBLOCK from another
+    connection: the read returns normally, nothing it took is lost. Without one (a Redis
+    Cluster, whose slots one connection cannot read), or where the server refuses CLIENT
+    UNBLOCK, reads do not block and `wait_for_new` waits instead.
+    """
 
     def __init__(
-        self, redis: RedisClient, *, families: Sequence[StreamFamily], group: str, consumer: str
+        self,
+        redis: RedisClient,
+        *,
+        families: Sequence[StreamFamily],
+        group: str,
+        consumer: str,
+        reader: PinnedReader | None = None,
     ) -> None:
         self._redis = redis
+        self._reader = reader
+        self._unblocker = Unblocker(redis, reader) if reader is not None else None
         self._families = tuple(families)
         self._group = group
         self._consumer = consumer
@@ -46,6 +62,14 @@ class RedisStreamEventSource(EventSource):
     @property
     def families(self) -> tuple[StreamFamily, ...]:
         return self._families
+
+    @property
+    def can_block(self) -> bool:
+        return self._unblocker is not None and self._unblocker.refused is None
+
+    async def interrupt(self) -> None:
+        if self._unblocker is not None:
+            await self._unblocker.wake()
 
     async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
         broken, _ = await self._create_groups(dict.fromkeys(streams or self._family_of, "0"))
@@ -70,12 +94,96 @@ class RedisStreamEventSource(EventSource):
                 broken[stream] = _refused(reply, "XGROUP CREATE", stream)
         return broken, created
 
-    async def read_new(self, after: Mapping[str, str], *, count: int) -> ReadBatch:
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+    ) -> ReadBatch:
+        if after and block_ms > 0 and self.can_block:
+            read, refused = await self._read_blocking(after, count, acks, block_ms)
+            if read is not None:
+                return read
+            # A read refused (a vanished group, a shard of the wrong type): the full path
+            # finds out which shard and what to do; the acks were sent already.
+            read = await self._read_now(after, count, ())
+            return dataclasses.replace(read, broken={**refused, **read.broken})
+        return await self._read_now(after, count, acks)
+
+    async def _read_blocking(
+        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery], block_ms: int
+    ) -> tuple[ReadBatch | None, dict[str, PermanentError]]:
+        """On the pinned connection, in one round trip: XACK of `acks`, XREADGROUP BLOCK, a
+        second XREADGROUP without BLOCK (a blocked read woken by one shard's append returns
+        that shard's entries only, on older servers), then the look behind of `read_new`.
+        None for the read when an XREADGROUP was refused."""
+        assert self._unblocker is not None
+        assert self._reader is not None
+        assert self._reader.client is not None
+        streams: dict[Any, Any] = dict.fromkeys(after, ">")
+        with redis_errors("XREADGROUP"), self._unblocker.blocking(block_ms) as block:
+            async with self._reader.client.pipeline(transaction=False) as pipe:
+                acked = self._queue_acks(pipe, acks)
+                if block:
+                    pipe.xreadgroup(self._group, self._consumer, streams, count=count, block=block)
+                pipe.xreadgroup(self._group, self._consumer, streams, count=count)
+                for stream, last in after.items():
+                    pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+        refused = _acks_refused(acked, replies[: len(acked)])
+        reads, pending = replies[len(acked) : -len(after)], replies[-len(after) :]
+        if any(isinstance(read, Exception) for read in reads):
+            return None, refused
+        *waited, last_read = [
+            [d for name, entries in _read_reply(read) for d in self._deliveries(name, entries)]
+            for read in reads
+        ]
+        first_part = waited[0] if waited else []
+        positions = {**after, **{d.stream: d.entry_id for d in first_part}}
+        deliveries = first_part + last_read
+        broken: dict[str, PermanentError] = dict(refused)
+        gaps = self._gaps(after, pending, deliveries, broken)
+        marks = drained_marks(
+            last_read, {s: i for s, i in positions.items() if s not in broken}, count
+        )
+        return ReadBatch(deliveries, frozenset(gaps), marks, broken), refused
+
+    def _gaps(
+        self,
+        after: Mapping[str, str],
+        pending: Sequence[Any],
+        deliveries: Sequence[Delivery],
+        broken: dict[str, PermanentError],
+    ) -> set[str]:
+        """The shards whose first entry pending after `after` is not the read's first one;
+        a shard whose look behind was refused for good goes into `broken`."""
+        first = first_ids(deliveries)
+        gaps = set()
+        for stream, found in zip(after, pending, strict=True):
+            if stream in broken or (isinstance(found, Exception) and _is_nogroup(found)):
+                continue
+            if isinstance(found, Exception):
+                broken[stream] = _refused(found, "XPENDING", stream)
+            elif found and (
+                _text(found[0]["consumer"]) != self._consumer
+                or _text(found[0]["message_id"]) != first.get(stream)
+            ):
+                gaps.add(stream)
+        return gaps
+
+    async def _read_now(
+        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery]
+    ) -> ReadBatch:
         if not after:
+            await self.ack(acks)
             return ReadBatch([])
         # Tagged shards live in different slots, which one XREADGROUP cannot span.
         together = len(by_slot(after)) == 1
-        reads, pending = await self._read_and_look_behind(after, count, together=together)
+        reads, pending, refused = await self._read_and_look_behind(
+            after, count, together=together, acks=acks
+        )
         regrouped: dict[str, str] = {}
         vanished = {
             stream: after[stream]
@@ -89,7 +197,7 @@ class RedisStreamEventSource(EventSource):
             # Only the shards that read nothing are read again: the others' entries are
             # this consumer's pending ones now, which a second read would not return.
             again = await self._read_and_look_behind(vanished, count, together=together)
-            redone = dict(zip(vanished, zip(*again, strict=True), strict=True))
+            redone = dict(zip(vanished, zip(*again[:2], strict=True), strict=True))
             reads = [redone[s][0] if s in redone else r for s, r in zip(after, reads, strict=True)]
             pending = [
                 redone[s][1] if s in redone else p for s, p in zip(after, pending, strict=True)
@@ -99,26 +207,15 @@ class RedisStreamEventSource(EventSource):
             if not isinstance(error, PermanentError):
                 raise error from reads[0]
             # One XREADGROUP reads every shard or none: find the shard it failed on.
-            reads, pending = await self._read_and_look_behind(after, count, together=False)
-        broken = {}
+            reads, pending, _ = await self._read_and_look_behind(after, count, together=False)
+        broken: dict[str, PermanentError] = dict(refused)
         deliveries: list[Delivery] = []
         for stream, read in zip(after, reads, strict=True):
             if isinstance(read, Exception):
-                broken[stream] = _refused(read, "XREADGROUP", stream)
+                broken.setdefault(stream, _refused(read, "XREADGROUP", stream))
                 continue
             deliveries += [d for name, entries in read for d in self._deliveries(name, entries)]
-        first = first_ids(deliveries)
-        gaps = set()
-        for stream, found in zip(after, pending, strict=True):
-            if stream in broken or (isinstance(found, Exception) and _is_nogroup(found)):
-                continue
-            if isinstance(found, Exception):
-                broken[stream] = _refused(found, "XPENDING", stream)
-            elif found and (
-                _text(found[0]["consumer"]) != self._consumer
-                or _text(found[0]["message_id"]) != first.get(stream)
-            ):
-                gaps.add(stream)
+        gaps = self._gaps(after, pending, deliveries, broken)
         return ReadBatch(
             deliveries,
             frozenset(gaps),
@@ -143,15 +240,22 @@ class RedisStreamEventSource(EventSource):
         }
 
     async def _read_and_look_behind(
-        self, after: Mapping[str, str], count: int, *, together: bool
-    ) -> tuple[list[Any], list[Any]]:
-        """XREADGROUP (one for every shard `together`, else one per shard), then per shard
-        the first entry pending after `after`: the read's own first entry, one another
-        consumer took before it, or one an earlier read of this consumer took whose reply was
-        lost (and the client retried). It is looked up after the read, so nothing read
-        before it goes unseen. Replies per shard, an exception where a command failed."""
+        self,
+        after: Mapping[str, str],
+        count: int,
+        *,
+        together: bool,
+        acks: Sequence[Delivery] = (),
+    ) -> tuple[list[Any], list[Any], dict[str, PermanentError]]:
+        """XACK of `acks` first, then XREADGROUP (one for every shard `together`, else one
+        per shard), then per shard the first entry pending after `after`: the read's own
+        first entry, one another consumer took before it, or one an earlier read of this
+        consumer took whose reply was lost (and the client retried). It is looked up after
+        the read, so nothing read before it goes unseen. Replies per shard, an exception
+        where a command failed, and the streams whose XACK was refused for good."""
         with redis_errors("XREADGROUP"):
             async with self._redis.pipeline(transaction=False) as pipe:
+                acked = self._queue_acks(pipe, acks)
                 if together:
                     pipe.xreadgroup(
                         self._group, self._consumer, dict.fromkeys(after, ">"), count=count
@@ -167,36 +271,70 @@ class RedisStreamEventSource(EventSource):
                 for stream, last in after.items():
                     pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
+        refused = _acks_refused(acked, replies[: len(acked)])
+        replies = replies[len(acked) :]
         if not together:
             reads = [
                 r if isinstance(r, Exception) else _read_reply(r) for r in replies[: len(after)]
             ]
-            return reads, replies[len(after) :]
+            return reads, replies[len(after) :], refused
         if isinstance(replies[0], Exception):
-            return [replies[0]] * len(after), replies[1:]
+            return [replies[0]] * len(after), replies[1:], refused
         by_stream = {_text(name): entries for name, entries in _read_reply(replies[0])}
-        return [[(s, by_stream[s])] if s in by_stream else [] for s in after], replies[1:]
+        reads = [[(s, by_stream[s])] if s in by_stream else [] for s in after]
+        return reads, replies[1:], refused
 
-    async def wait_for_new(self, marks: Mapping[str, str], *, block_ms: int) -> None:
+    def _queue_acks(self, pipe: Any, acks: Sequence[Delivery]) -> list[str]:
+        """One XACK per stream of `acks` queued on `pipe`; the streams, in that order."""
+        ids: dict[str, list[str]] = {}
+        for delivery in acks:
+            ids.setdefault(delivery.stream, []).append(delivery.entry_id)
+        for stream, entry_ids in ids.items():
+            pipe.xack(stream, self._group, *entry_ids)
+        return list(ids)
+
+    async def wait_for_new(
+        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
+    ) -> None:
+        slots = by_slot(marks)
+        if not marks or len(slots) > 1:
+            # On a cluster the acks and the waits go to different nodes.
+            await self.ack(acks)
+            acks = ()
         if not marks:
             return
-        slots = by_slot(marks)
+        refused: dict[str, PermanentError] = {}
         try:
             with redis_errors("XREAD"):
                 if len(slots) == 1:
-                    await self._wait(marks, block_ms)
+                    refused = await self._wait(marks, block_ms, acks)
                 else:
                     await _first_of([self._wait(part, block_ms) for part in slots])
         except PermanentError:
             # A shard refused for good: the read that follows tells which one.
-            return
+            pass
+        if refused:
+            raise next(iter(refused.values()))
 
-    async def _wait(self, marks: Mapping[str, str], block_ms: int) -> None:
+    async def _wait(
+        self, marks: Mapping[str, str], block_ms: int, acks: Sequence[Delivery] = ()
+    ) -> dict[str, PermanentError]:
+        """XREAD BLOCK after `marks`, the XACK of `acks` before it in the same round trip;
+        the streams whose XACK was refused for good."""
         args: list[str | int] = ["COUNT", 1, "BLOCK", block_ms, "STREAMS", *marks]
         args += marks.values()
-        await self._redis.execute_command(
-            "XREAD", *args, **on_node_of(self._redis, next(iter(marks)))
-        )
+        target = on_node_of(self._redis, next(iter(marks)))
+        if not acks:
+            await self._redis.execute_command("XREAD", *args, **target)
+            return {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            acked = self._queue_acks(pipe, acks)
+            pipe.execute_command("XREAD", *args)
+            replies = await pipe.execute(raise_on_error=False)
+        refused = _acks_refused(acked, replies[:-1])
+        if isinstance(replies[-1], Exception) and not refused:
+            raise replies[-1]
+        return refused
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
@@ -277,7 +415,7 @@ class RedisStreamEventSource(EventSource):
         ]
 
 
-async def _first_of(waits: list[Coroutine[Any, Any, None]]) -> None:
+async def _first_of(waits: list[Coroutine[Any, Any, object]]) -> None:
     """Until the first of `waits` returns (or fails); the others are cancelled."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
     try:
@@ -288,6 +426,16 @@ async def _first_of(waits: list[Coroutine[Any, Any, None]]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
     for task in done:
         task.result()
+
+
+def _acks_refused(streams: Sequence[str], replies: Sequence[Any]) -> dict[str, PermanentError]:
+    """The streams whose XACK the server refused for good; a transient refusal is raised, the
+    acks are owed again."""
+    refused: dict[str, PermanentError] = {}
+    for stream, reply in zip(streams, replies, strict=True):
+        if isinstance(reply, Exception):
+            refused[stream] = _refused(reply, "XACK", stream)
+    return refused
 
 
 def _text(value: bytes | str) -> str:
