@@ -16,6 +16,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.topology import (
     ClusterSeeds,
@@ -196,12 +197,17 @@ class PinnedReader:
     def __init__(self) -> None:
         self.client: Redis | None = None
         self.client_id: int | None = None
+        # Why the server will not tell the id (an ACL without CLIENT ID), once it said so.
+        self.refused: str | None = None
 
     async def on_connect(self, connection: AbstractConnection) -> None:
         self.client_id = None
         await connection.on_connect()
         await connection.send_command("CLIENT", "ID")
-        self.client_id = int(await connection.read_response())
+        try:
+            self.client_id = int(await connection.read_response())
+        except ResponseError as error:
+            self.refused = f"CLIENT ID: {error}"
 
 
 @asynccontextmanager

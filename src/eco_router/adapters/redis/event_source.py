@@ -12,6 +12,7 @@ from redis.exceptions import ResponseError
 from eco_router.adapters.redis.connection import PinnedReader, RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
+from eco_router.adapters.redis.look_behind import LookBehind
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, on_node_of
 from eco_router.adapters.redis.unblocker import Unblocker
@@ -58,6 +59,7 @@ class RedisStreamEventSource(EventSource):
         self._family_of = {s: f for f in self._families for s in f.streams}
         self._keys = GroupKeys(group)
         self._claim_held = redis.register_script(load_lua("claim_held.lua"))
+        self._look_behind = LookBehind(redis, group)
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:
@@ -65,7 +67,7 @@ class RedisStreamEventSource(EventSource):
 
     @property
     def can_block(self) -> bool:
-        return self._unblocker is not None and self._unblocker.refused is None
+        return self._unblocker is not None and self._unblocker.usable
 
     async def interrupt(self) -> None:
         if self._unblocker is not None:
@@ -115,10 +117,12 @@ class RedisStreamEventSource(EventSource):
     async def _read_blocking(
         self, after: Mapping[str, str], count: int, acks: Sequence[Delivery], block_ms: int
     ) -> tuple[ReadBatch | None, dict[str, PermanentError]]:
-        """On the pinned connection, in one round trip: XACK of `acks`, XREADGROUP BLOCK, a
-        second XREADGROUP without BLOCK (a blocked read woken by one shard's append returns
-        that shard's entries only, on older servers), then the look behind of `read_new`.
-        None for the read when an XREADGROUP was refused."""
+        """On the pinned connection, in one round trip: XACK of `acks`, XREADGROUP BLOCK,
+        then the look behind of `read_new`. None for the read when XREADGROUP was refused.
+
+        A read woken by one shard's append may bring that shard's entries only (servers
+        before 7.2 serve the key that woke it): the others' are new still, so the next
+        blocking read returns them at once."""
         assert self._unblocker is not None
         assert self._reader is not None
         assert self._reader.client is not None
@@ -126,27 +130,24 @@ class RedisStreamEventSource(EventSource):
         with redis_errors("XREADGROUP"), self._unblocker.blocking(block_ms) as block:
             async with self._reader.client.pipeline(transaction=False) as pipe:
                 acked = self._queue_acks(pipe, acks)
-                if block:
-                    pipe.xreadgroup(self._group, self._consumer, streams, count=count, block=block)
-                pipe.xreadgroup(self._group, self._consumer, streams, count=count)
-                for stream, last in after.items():
-                    pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
+                # BLOCK 0 would wait for ever: a read woken before it began does not block.
+                pipe.xreadgroup(
+                    self._group, self._consumer, streams, count=count, block=block or None
+                )
+                self._look_behind.queue(pipe, after, together=True)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
         refused = _acks_refused(acked, replies[: len(acked)])
-        reads, pending = replies[len(acked) : -len(after)], replies[-len(after) :]
-        if any(isinstance(read, Exception) for read in reads):
+        read = replies[len(acked)]
+        if isinstance(read, Exception):
             return None, refused
-        *waited, last_read = [
-            [d for name, entries in _read_reply(read) for d in self._deliveries(name, entries)]
-            for read in reads
+        pending = await self._look_behind.found(replies[len(acked) + 1 :], after, together=True)
+        deliveries = [
+            d for name, entries in _read_reply(read) for d in self._deliveries(name, entries)
         ]
-        first_part = waited[0] if waited else []
-        positions = {**after, **{d.stream: d.entry_id for d in first_part}}
-        deliveries = first_part + last_read
         broken: dict[str, PermanentError] = dict(refused)
         gaps = self._gaps(after, pending, deliveries, broken)
         marks = drained_marks(
-            last_read, {s: i for s, i in positions.items() if s not in broken}, count
+            deliveries, {s: i for s, i in after.items() if s not in broken}, count
         )
         return ReadBatch(deliveries, frozenset(gaps), marks, broken), refused
 
@@ -268,21 +269,22 @@ class RedisStreamEventSource(EventSource):
                             *("STREAMS", stream, ">"),
                             **on_node_of(self._redis, stream),
                         )
-                for stream, last in after.items():
-                    pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
+                self._look_behind.queue(pipe, after, together=together)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
         refused = _acks_refused(acked, replies[: len(acked)])
         replies = replies[len(acked) :]
+        read_replies = len(after) if not together else 1
+        pending = await self._look_behind.found(replies[read_replies:], after, together=together)
         if not together:
             reads = [
                 r if isinstance(r, Exception) else _read_reply(r) for r in replies[: len(after)]
             ]
-            return reads, replies[len(after) :], refused
+            return reads, pending, refused
         if isinstance(replies[0], Exception):
-            return [replies[0]] * len(after), replies[1:], refused
+            return [replies[0]] * len(after), pending, refused
         by_stream = {_text(name): entries for name, entries in _read_reply(replies[0])}
         reads = [[(s, by_stream[s])] if s in by_stream else [] for s in after]
-        return reads, replies[1:], refused
+        return reads, pending, refused
 
     def _queue_acks(self, pipe: Any, acks: Sequence[Delivery]) -> list[str]:
         """One XACK per stream of `acks` queued on `pipe`; the streams, in that order."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from redis.exceptions import ResponseError
@@ -11,6 +12,8 @@ from redis.exceptions import ResponseError
 from eco_router.adapters.redis.connection import PinnedReader, RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.application.errors import PermanentError
+
+log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 0.001
 LAST_RETRY_S = 0.05
@@ -22,7 +25,8 @@ class Unblocker:
     A wake that comes before the command reached the server is retried until it lands or the
     command ended; one that comes while none is in flight makes the next one not block, so a
     wake is never lost between the caller deciding to block and the server blocking. A server
-    that refuses CLIENT UNBLOCK for good (an ACL without it) is remembered in `refused`.
+    that refuses CLIENT UNBLOCK or CLIENT ID for good (an ACL without them) makes it
+    unusable, once, with a warning: the caller waits another way.
     """
 
     def __init__(self, redis: RedisClient, reader: PinnedReader) -> None:
@@ -31,6 +35,19 @@ class Unblocker:
         self._done: asyncio.Event | None = None
         self._woken = False
         self.refused: PermanentError | None = None
+
+    @property
+    def usable(self) -> bool:
+        if self.refused is None and self._reader.refused is not None:
+            self._refuse(PermanentError("", self._reader.refused))
+        return self.refused is None
+
+    def _refuse(self, error: PermanentError) -> None:
+        self.refused = error
+        log.warning(
+            "blocking reads are off, the router waits for appends with XREAD instead: %s",
+            error.cause,
+        )
 
     @contextlib.contextmanager
     def blocking(self, block_ms: int) -> Iterator[int]:
@@ -53,7 +70,7 @@ class Unblocker:
             self._woken = True
             return
         delay = FIRST_RETRY_S
-        while not done.is_set():
+        while not done.is_set() and self.usable:
             client_id = self._reader.client_id
             if client_id is not None and await self._unblock(client_id):
                 return
@@ -68,5 +85,5 @@ class Unblocker:
             except ResponseError as error:
                 refused = port_error(error, "CLIENT UNBLOCK")
                 if isinstance(refused, PermanentError):
-                    self.refused = refused
+                    self._refuse(refused)
                 raise refused from error
