@@ -178,8 +178,10 @@ PRODUCED = ("new", "new", "new", "retry", "late", "malformed")
 # Clock moves: within a renewal, about a lease, past a lease, past a reclaim idle time.
 CLOCK_MOVES = st.sampled_from((10, 500, RENEW_MS, 2_500, LEASE_TTL_MS, 5_000, 12_000, 31_000))
 
-# The calls of a router's adapters: a batch is a read (or a claim), an apply, a publish,
-# dead letters and an ack; beside it run heartbeats, lease moves and waits for entries.
+# The calls of a router's adapters: a batch is a read (or a claim), an apply, a publish and
+# dead letters, its acks going with the next read (or on their own before a claim and at
+# stop); beside it run heartbeats, lease moves, the wake of a blocked read and waits for
+# entries (where reads cannot block).
 CALLS = (
     "read_new",
     "claim",
@@ -187,6 +189,7 @@ CALLS = (
     "publish",
     "send",
     "ack",
+    "interrupt",
     "wait_for_new",
     "heartbeat",
     "acquire",
@@ -302,6 +305,10 @@ class Gate:
         result = await method()
         await self._wire.travel()
         await self._running()
+        if fate is None and self._armed == (Fate.LOSE_REPLY, When(call=name)):
+            # Armed while this call was in flight (a read blocked on the server): the reply
+            # on its way back is the one lost.
+            fate = self._strike()
         if fate is Fate.LOSE_REPLY:
             self.failed_calls += 1
             raise server.failure(f"the reply from {server.name} was lost")
@@ -492,12 +499,19 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         self.counts: Counter[str] = Counter()
         self.struck: Counter[Fate] = Counter()
         self.wire = Wire(None)
+        # Reads that block on the server (one server, Sentinel), or waits with XREAD (Cluster).
+        self.blocking_reads = True
 
     # --- rules: routers ---
 
-    @initialize(count=st.integers(1, 3), wire_seed=st.none() | st.integers(0, 2**16))
-    def start_routers(self, count: int, wire_seed: int | None) -> None:
+    @initialize(
+        count=st.integers(1, 3),
+        wire_seed=st.none() | st.integers(0, 2**16),
+        blocking_reads=st.booleans(),
+    )
+    def start_routers(self, count: int, wire_seed: int | None, blocking_reads: bool) -> None:
         self.wire = Wire(wire_seed)
+        self.blocking_reads = blocking_reads
         for _ in range(count):
             self.start_router(self.fresh_name())
         self.settle()
@@ -841,7 +855,13 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         source = cast(
             EventSource,
             Gated(
-                InMemoryEventSource(self.streams, families=[FAMILY], group=GROUP, consumer=name),
+                InMemoryEventSource(
+                    self.streams,
+                    families=[FAMILY],
+                    group=GROUP,
+                    consumer=name,
+                    blocking=self.blocking_reads,
+                ),
                 gate,
                 self.streams_server,
             ),
@@ -1130,7 +1150,8 @@ class TestScriptedInterleavings:
     ) -> None:
         with scripted_machine(routers=2) as m:
             killed = m.holder_of("job-a")
-            m.arm(killed, Fate.DIE, When(call="ack"))
+            # Acks ride on the next read: it dies as it sends the one that carries this ack.
+            m.arm(killed, Fate.DIE, When(call="read_new"))
             m.add_malformed("job-a", "seq_not_integer")
             m.settle()
             assert m.routers[killed].gate.dead
@@ -1188,7 +1209,7 @@ def scripted_machine(*, routers: int) -> Iterator[LeasedRoutersMachine]:
     way), checked at the end as hypothesis checks it, closed whatever happens."""
     machine = LeasedRoutersMachine(Totals())
     try:
-        machine.start_routers(count=routers, wire_seed=None)
+        machine.start_routers(count=routers, wire_seed=None, blocking_reads=True)
         yield machine
     except BaseException:
         machine.close()
