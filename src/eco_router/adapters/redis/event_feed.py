@@ -29,7 +29,8 @@ class RedisPubSubEventFeed(EventFeed):
     drops, redis-py re-subscribes on reconnect; each channel's viewers then get a gap notice,
     so they catch up from the history what was published while the connection was down.
     A subscription that cannot be made or confirmed raises `TransientError` and leaves
-    nothing behind.
+    nothing behind. The channels of viewers joining together (a burst of browsers opening
+    their streams) go out in one SUBSCRIBE.
     """
 
     def __init__(
@@ -50,6 +51,8 @@ class RedisPubSubEventFeed(EventFeed):
         self._metrics = metrics
         self._viewers = ChannelViewers(decoder=decoder, metrics=metrics, queue_size=queue_size)
         self._lock = asyncio.Lock()
+        self._to_subscribe: list[str] = []
+        self._subscribing: asyncio.Task[None] | None = None
         self._has_channels = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._stopped = False
@@ -80,16 +83,37 @@ class RedisPubSubEventFeed(EventFeed):
         channel = f"{self._prefix}:{job_id}"
         viewer, first = self._viewers.join(self.leave, channel, domain)
         try:
-            async with self._lock:
-                if first:
-                    with redis_errors(f"subscribe {channel}"):
-                        await self._pubsub.subscribe(channel)
-                    self._has_channels.set()
+            if first:
+                self._subscribe_soon(channel)
             await self._viewers.until_confirmed(channel, self._confirm_timeout_s)
         except BaseException:
             await asyncio.shield(self.leave(viewer))
             raise
         return viewer
+
+    def _subscribe_soon(self, channel: str) -> None:
+        """SUBSCRIBE `channel` with the others asked for in this turn of the loop, in one
+        command sent by a task of the feed's own (a viewer that gives up meanwhile cancels
+        nothing of the others'); a failure fails their confirmations."""
+        self._to_subscribe.append(channel)
+        if self._subscribing is None or self._subscribing.done():
+            self._subscribing = asyncio.create_task(self._subscribe_asked(), name="subscribe")
+
+    async def _subscribe_asked(self) -> None:
+        # Channels asked for while a SUBSCRIBE was on its way go in the next one.
+        while self._to_subscribe:
+            async with self._lock:
+                channels = [c for c in dict.fromkeys(self._to_subscribe) if c in self._viewers]
+                self._to_subscribe = []
+                if not channels or self._stopped:
+                    continue
+                try:
+                    with redis_errors(f"subscribe {len(channels)} channels"):
+                        await self._pubsub.subscribe(*channels)
+                except Exception as error:
+                    self._viewers.fail_unconfirmed(error, channels)
+                    continue
+                self._has_channels.set()
 
     def close_viewers(self) -> None:
         self._viewers.close_all()

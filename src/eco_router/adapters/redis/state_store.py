@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 from eco_router.adapters.redis.connection import RedisClient
-from eco_router.adapters.redis.errors import redis_errors
+from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
@@ -43,6 +44,8 @@ class RedisLuaStateStore(StateStore):
         self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
+        self._to_view: list[tuple[JobKeys, asyncio.Future[JobView]]] = []
+        self._viewing: asyncio.Task[None] | None = None
 
     async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
         """One script call for the batch; on tagged shards one per slot, issued together."""
@@ -92,12 +95,40 @@ class RedisLuaStateStore(StateStore):
         )
 
     async def view(self, domain: str, job_id: str) -> JobView:
+        """Views asked for in the same turn of the loop (a burst of browsers opening their
+        streams) are read in one pipeline, by a task of the store's own: a caller that gives
+        up cancels nothing of the others'."""
         family = self._families.get(domain)
         # A domain no family has has no state; its plain key names find none either.
         job = JobKeys.in_family(family, job_id) if family else JobKeys.of(domain, job_id)
-        with redis_errors("read job view"):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.get(job.state)
-                pipe.lrange(job.history, 0, -1)
-                state, history = await pipe.execute()
-        return JobView(state=state, history=list(history))
+        viewed: asyncio.Future[JobView] = asyncio.get_running_loop().create_future()
+        self._to_view.append((job, viewed))
+        if self._viewing is None or self._viewing.done():
+            self._viewing = asyncio.create_task(self._read_views(), name="read job views")
+        return await viewed
+
+    async def _read_views(self) -> None:
+        while self._to_view:
+            asked, self._to_view = self._to_view, []
+            try:
+                with redis_errors("read job view"):
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for job, _ in asked:
+                            pipe.get(job.state)
+                            pipe.lrange(job.history, 0, -1)
+                        replies = await pipe.execute(raise_on_error=False)
+            except Exception as error:
+                for _, viewed in asked:
+                    if not viewed.done():
+                        viewed.set_exception(error)
+                continue
+            for n, (job, viewed) in enumerate(asked):
+                state, history = replies[2 * n], replies[2 * n + 1]
+                if viewed.done():
+                    continue
+                # One job's keys refused (a key of the wrong type) fail that view alone.
+                refused = next((r for r in (state, history) if isinstance(r, Exception)), None)
+                if refused is not None:
+                    viewed.set_exception(port_error(refused, "read job view", key=job.state))
+                else:
+                    viewed.set_result(JobView(state=state, history=list(history)))
