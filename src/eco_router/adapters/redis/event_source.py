@@ -213,7 +213,10 @@ class RedisStreamEventSource(EventSource):
         deliveries: list[Delivery] = []
         for stream, read in zip(after, reads, strict=True):
             if isinstance(read, Exception):
-                broken.setdefault(stream, _refused(read, "XREADGROUP", stream))
+                # A group destroyed again since it was created above: the next read finds
+                # it gone and creates it at this consumer's position, as it did here.
+                if not _is_nogroup(read):
+                    broken.setdefault(stream, _refused(read, "XREADGROUP", stream))
                 continue
             deliveries += [d for name, entries in read for d in self._deliveries(name, entries)]
         gaps = self._gaps(after, pending, deliveries, broken)
