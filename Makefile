@@ -66,11 +66,13 @@ run: venv
 worker: venv
 	$(BIN)/eco-router worker
 
-# QUICK=1: smaller backlogs and fewer rounds, about a minute and a half. ONLY=topologies runs
-# the topology comparison (standalone, Sentinel, Cluster) alone.
-# Ends by naming the figures that moved beyond the noise from bench/recorded/router.json.
+# The router's tables (throughput, latency, paced rates), then the gateway's (bench-sse).
+# QUICK=1: smaller backlogs and fewer rounds, about five minutes. ONLY=topologies runs the
+# topology comparison (standalone, Sentinel, Cluster) alone.
+# Ends by naming the router figures that moved beyond the noise from bench/recorded/router.json.
 bench: venv redis-server
 	$(BIN)/python -m bench.router_bench $(if $(QUICK),--quick) $(if $(ONLY),--only $(ONLY))
+	$(if $(ONLY),,$(BIN)/python -m bench.sse_bench $(if $(QUICK),--quick))
 	$(BIN)/python -m bench.regression_guard
 
 # Keeps the last `make bench` figures as the ones later runs are compared with.
