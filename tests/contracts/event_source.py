@@ -374,12 +374,23 @@ class EventSourceContract(ContractFamilies):
         async with asyncio.timeout(2):
             await source.wait_for_new(marks, block_ms=5000)
 
+    async def test_wait_for_new_tells_an_entry_it_saw_after_each_mark(self) -> None:
+        source = await self.prepared_source()
+        marks = (await source.read_new(self.from_start, count=10)).marks
+        written = await self.append_many(self.scan_1, 2)
+
+        async with asyncio.timeout(2):
+            seen = await source.wait_for_new(marks, block_ms=5000)
+
+        assert list(seen) == [self.scan_1]
+        assert seen[self.scan_1] in written
+
     async def test_wait_for_new_returns_after_the_block_when_nothing_arrives(self) -> None:
         source = await self.prepared_source()
         marks = (await source.read_new(self.from_start, count=10)).marks
 
         async with asyncio.timeout(5):
-            await source.wait_for_new(marks, block_ms=50)
+            assert await source.wait_for_new(marks, block_ms=50) == {}
 
     # pending list, ack
 

@@ -89,6 +89,8 @@ class ConsumeLoop:
         self._drained: tuple[Mapping[str, str], dict[str, int]] | None = None
         self._finishing: set[str] = set()
         self._owed: list[Delivery] = []  # settled, acked with the next round trip
+        # Per shard, the last entry a wait for appends saw that a read then did not bring.
+        self._seen: dict[str, str] = {}
         # What wakes a blocking read: held shards changed, stop. Kept from read to read.
         self._wakers: dict[str, asyncio.Future[object]] = {}
         self.health = health or RouterHealth(clock=clock, metrics=metrics, families=source.families)
@@ -396,8 +398,15 @@ class ConsumeLoop:
                 # Nothing came (or the read was woken): the next read blocks again.
                 self._drained = (batch.marks, tokens) if batch.marks else None
             elif not blocked:
-                await self._wait_for_work(stop, batch.marks)
+                await self._wait_for_work(stop, self._past_seen(batch.marks))
         return [], {}
+
+    def _past_seen(self, marks: Mapping[str, str]) -> dict[str, str]:
+        """`marks` of a read that brought nothing, each moved past the entries the last wait
+        for appends saw after it: the read did not bring them, so another consumer has them
+        (a router that took the shard over while this one was paused, before it notices).
+        Waiting after them again would return at once, read by read."""
+        return {s: _later(self._seen.get(s), mark) for s, mark in marks.items()}
 
     def _still_reading(self, read: ReadBatch, tokens: dict[str, int]) -> ReadBatch:
         """`read` without the entries of shards no longer read under the same token (lost,
@@ -429,7 +438,7 @@ class ConsumeLoop:
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
         ]
-        appended: asyncio.Future[None] | None = None
+        appended: asyncio.Future[dict[str, str]] | None = None
         if marks:
             appended = asyncio.ensure_future(
                 self._source.wait_for_new(marks, block_ms=self._block_ms, acks=acks)
@@ -452,6 +461,9 @@ class ConsumeLoop:
                 self._owe_again(acks)
         for wait in done:
             wait.result()  # a failed wait for appends is a transient error to back off from
+        if appended is not None and appended in done:
+            for stream, entry_id in appended.result().items():
+                self._seen[stream] = _later(self._seen.get(stream), entry_id)
 
     async def _settle(self, batch: Sequence[Delivery], fence: Fence) -> list[Delivery]:
         result = await self._route(batch, fence, ack=False)
@@ -502,6 +514,7 @@ class ConsumeLoop:
             log.warning("stopping with %d routed entries not acknowledged: %s", owed, error)
 
     def _lost(self, stream: str) -> None:
+        self._seen.pop(stream, None)
         if self._held.lose(stream) is not None:
             log.warning("%s is held by another router now; dropping what is in hand", stream)
             self._metrics.lease_lost(self._family_of[stream].domain, shard_of(stream))
@@ -525,7 +538,13 @@ class ConsumeLoop:
             await asyncio.sleep(max(0.0, min(delay, stop_deadline - time.monotonic())))
 
 
-def _succeeded(future: asyncio.Future[None] | None) -> bool:
+def _succeeded(future: asyncio.Future[dict[str, str]] | None) -> bool:
     return (
         future is not None and future.done() and not future.cancelled() and not future.exception()
     )
+
+
+def _later(first: str | None, second: str) -> str:
+    if first is None or StreamEntryId.parse(second) > StreamEntryId.parse(first):
+        return second
+    return first

@@ -81,11 +81,12 @@ class EventSource(Protocol):
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> None:
+    ) -> dict[str, str]:
         """Return once a shard has an entry after its mark, or after `block_ms`; reads nothing
-        into the group, so cancelling it is always safe. `acks` are acknowledged first, in the
-        same round trip: acked once it returns; when it raises or is cancelled they may or may
-        not be. A shard refusing its ack for good raises `PermanentError` naming it."""
+        into the group, so cancelling it is always safe. Returns, per shard that has some, the
+        id of an entry after its mark (empty after the block). `acks` are acknowledged first,
+        in the same round trip: acked once it returns; when it raises or is cancelled they may
+        or may not be. A shard refusing its ack for good raises `PermanentError` naming it."""
         ...
 
     async def claim(

@@ -145,12 +145,18 @@ class InMemoryEventSource(EventSource):
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> None:
+    ) -> dict[str, str]:
         self._check()
         refused = self._ack_each(acks)
         if refused:
             raise next(iter(refused.values()))
         await self.streams.wait_for_entries(marks, block_ms / 1000)
+        seen = {s: self.streams.last_id(s) for s in marks}
+        return {
+            s: last
+            for s, last in seen.items()
+            if StreamEntryId.parse(last) > StreamEntryId.parse(marks[s])
+        }
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int

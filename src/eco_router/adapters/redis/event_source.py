@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Collection, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -29,6 +29,11 @@ from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
 RawEntry = tuple[bytes | None, dict[bytes, bytes] | None]
+T = TypeVar("T")
+
+# How many entries a wait for appends returns of each shard: it tells how far to move a wait's
+# mark when the entries after it were delivered to another consumer.
+WAIT_COUNT = 100
 
 
 class RedisStreamEventSource(EventSource):
@@ -300,46 +305,49 @@ class RedisStreamEventSource(EventSource):
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> None:
+    ) -> dict[str, str]:
         slots = by_slot(marks)
         if not marks or len(slots) > 1:
             # On a cluster the acks and the waits go to different nodes.
             await self.ack(acks)
             acks = ()
         if not marks:
-            return
+            return {}
+        seen: dict[str, str] = {}
         refused: dict[str, PermanentError] = {}
         try:
             with redis_errors("XREAD"):
                 if len(slots) == 1:
-                    refused = await self._wait(marks, block_ms, acks)
+                    seen, refused = await self._wait(marks, block_ms, acks)
                 else:
-                    await _first_of([self._wait(part, block_ms) for part in slots])
+                    seen, _ = await _first_of([self._wait(part, block_ms) for part in slots])
         except PermanentError:
             # A shard refused for good: the read that follows tells which one.
             pass
         if refused:
             raise next(iter(refused.values()))
+        return seen
 
     async def _wait(
         self, marks: Mapping[str, str], block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> dict[str, PermanentError]:
+    ) -> tuple[dict[str, str], dict[str, PermanentError]]:
         """XREAD BLOCK after `marks`, the XACK of `acks` before it in the same round trip;
-        the streams whose XACK was refused for good."""
-        args: list[str | int] = ["COUNT", 1, "BLOCK", block_ms, "STREAMS", *marks]
+        the last entry seen after each mark, and the streams whose XACK was refused for good."""
+        args: list[str | int] = ["COUNT", WAIT_COUNT, "BLOCK", block_ms, "STREAMS", *marks]
         args += marks.values()
         target = on_node_of(self._redis, next(iter(marks)))
         if not acks:
-            await self._redis.execute_command("XREAD", *args, **target)
-            return {}
+            return _last_ids(await self._redis.execute_command("XREAD", *args, **target)), {}
         async with self._redis.pipeline(transaction=False) as pipe:
             acked = self._queue_acks(pipe, acks)
             pipe.execute_command("XREAD", *args)
             replies = await pipe.execute(raise_on_error=False)
         refused = _acks_refused(acked, replies[:-1])
-        if isinstance(replies[-1], Exception) and not refused:
-            raise replies[-1]
-        return refused
+        if isinstance(replies[-1], Exception):
+            if not refused:
+                raise replies[-1]
+            return {}, refused
+        return _last_ids(replies[-1]), refused
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
@@ -420,8 +428,8 @@ class RedisStreamEventSource(EventSource):
         ]
 
 
-async def _first_of(waits: list[Coroutine[Any, Any, object]]) -> None:
-    """Until the first of `waits` returns (or fails); the others are cancelled."""
+async def _first_of(waits: list[Coroutine[Any, Any, T]]) -> T:
+    """What the first of `waits` returns (or raises); the others are cancelled."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -429,8 +437,16 @@ async def _first_of(waits: list[Coroutine[Any, Any, object]]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    for task in done:
-        task.result()
+    return next(iter(done)).result()
+
+
+def _last_ids(reply: Any) -> dict[str, str]:
+    """XREAD's reply as the id of the last entry it gave of each stream."""
+    return {
+        _text(name): _text(entries[-1][0])
+        for name, entries in _read_reply(reply)
+        if entries and entries[-1][0] is not None
+    }
 
 
 def _acks_refused(streams: Sequence[str], replies: Sequence[Any]) -> dict[str, PermanentError]:
