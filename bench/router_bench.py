@@ -1117,7 +1117,8 @@ RATE_ROWS: tuple[tuple[str, LatencyCell], ...] = (
 def _print_rates_section(report: Report) -> None:
     r = report.ratios
     print()
-    print("5. PACED RATES: PER-BATCH COST AND LATENCY FROM 100 TO 20,000 EV/S")
+    rates = sorted(report.rates)
+    print(f"5. PACED RATES: PER-BATCH COST AND LATENCY FROM {rates[0]:,} TO {rates[-1]:,} EV/S")
     print(
         "   CPU per event sent, from the producer's start to the drain (idle time included); "
         "latency as in the latency rows"
