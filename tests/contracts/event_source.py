@@ -462,6 +462,24 @@ class EventSourceContract(ContractFamilies):
         assert [(d.stream, d.entry_id) for d in batch.deliveries] == [(self.scan_1, written)]
         assert batch.marks[self.scan_1] == written
 
+    async def test_a_blocking_read_waits_past_entries_another_consumer_routed(self) -> None:
+        source = await self.prepared_source()
+        other = await self.prepared_source("consumer-b")
+        await self.append_many(self.scan_0, 2)
+        taken = await other.read_new(self.from_start, count=100)
+        await other.ack(taken.deliveries)
+        reading = asyncio.ensure_future(source.read_new(self.from_start, count=100, block_ms=5000))
+        await asyncio.sleep(0.1)
+        if not source.can_block:
+            assert (await reading).deliveries == []
+            return
+        assert not reading.done()
+
+        written = await self.append(self.scan_1, fields_of(3))
+
+        async with asyncio.timeout(5):
+            assert ids((await reading).deliveries) == [written]
+
     async def test_a_blocking_read_returns_nothing_after_its_block(self) -> None:
         source = await self.prepared_source()
         after = (await source.read_new(self.from_start, count=100)).marks

@@ -85,7 +85,9 @@ class InMemoryEventSource(EventSource):
         waking = self._waking = asyncio.Event()
         try:
             waits = [
-                asyncio.ensure_future(self.streams.wait_for_entries(read.marks, block_ms / 1000)),
+                asyncio.ensure_future(
+                    self.streams.wait_for_undelivered(self._group, read.marks, block_ms / 1000)
+                ),
                 asyncio.ensure_future(waking.wait()),
             ]
             try:

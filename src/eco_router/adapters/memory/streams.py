@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from eco_router.adapters.memory.leases import LeaseTable
@@ -156,6 +156,25 @@ class InMemoryStreams:
                         _after(self.last_id(stream), StreamEntryId.parse(mark))
                         for stream, mark in marks.items()
                     ):
+                        return
+                    await self._appended.wait()
+        except TimeoutError:
+            return
+
+    async def wait_for_undelivered(
+        self, group: str, streams: Collection[str], timeout_s: float
+    ) -> None:
+        """Until a stream has an entry the group has not delivered yet (what XREADGROUP BLOCK
+        waits for), or its group or key changed (the read that follows tells), or
+        `timeout_s` passed."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    self._appended.clear()
+                    try:
+                        if any(self.lag(stream, group) > 0 for stream in streams):
+                            return
+                    except (NoGroup, WrongType, KeyError):
                         return
                     await self._appended.wait()
         except TimeoutError:
