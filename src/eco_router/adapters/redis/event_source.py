@@ -379,17 +379,13 @@ class RedisStreamEventSource(EventSource):
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        ids: dict[str, list[str]] = {}
-        for delivery in deliveries:
-            ids.setdefault(delivery.stream, []).append(delivery.entry_id)
         with redis_errors("XACK"):
             async with self._redis.pipeline(transaction=False) as pipe:
-                for stream, entry_ids in ids.items():
-                    pipe.xack(stream, self._group, *entry_ids)
+                acked = self._queue_acks(pipe, deliveries)
                 replies = await pipe.execute(raise_on_error=False)
-        for stream, reply in zip(ids, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise port_error(reply, "XACK", key=stream) from reply
+            refused = _acks_refused(acked, replies)
+        if refused:
+            raise next(iter(refused.values()))
 
     async def shard_stats(self) -> list[ShardStats]:
         with redis_errors("XINFO GROUPS"):
