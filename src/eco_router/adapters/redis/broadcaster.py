@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
+from eco_router.adapters.redis.round_trips import HeldConnection
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.errors import PublishFailed
 from eco_router.application.messages import EncodedEvent
@@ -25,6 +26,7 @@ class RedisPubSubBroadcaster(Broadcaster):
         self._redis = redis
         self._prefix = channel_prefix
         self._script = redis.register_script(load_lua("publish_batch.lua"))
+        self._trips = HeldConnection(redis)
 
     def channel(self, job_id: str) -> str:
         return f"{self._prefix}:{job_id}"
@@ -36,7 +38,7 @@ class RedisPubSubBroadcaster(Broadcaster):
         for item in events:
             args += (self.channel(item.event.job_id), item.payload)
         with redis_errors(f"PUBLISH {len(events)} events", error_type=PublishFailed):
-            await self._script(keys=[], args=args)
+            await self._trips.call_script(self._script, [], args)
 
     async def ping(self) -> None:
         with redis_errors("PING Pub/Sub server"):

@@ -13,6 +13,7 @@ from eco_router.adapters.redis.connection import PinnedReader, RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.look_behind import LookBehind
+from eco_router.adapters.redis.round_trips import HeldConnection, round_trips
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, on_node_of
 from eco_router.adapters.redis.unblocker import Unblocker
@@ -65,6 +66,10 @@ class RedisStreamEventSource(EventSource):
         self._keys = GroupKeys(group)
         self._claim_held = redis.register_script(load_lua("claim_held.lua"))
         self._look_behind = LookBehind(redis, group)
+        self._trips = round_trips(redis)
+        self._reader_trips = (
+            HeldConnection(reader.client) if reader is not None and reader.client else None
+        )
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:
@@ -131,6 +136,7 @@ class RedisStreamEventSource(EventSource):
         assert self._unblocker is not None
         assert self._reader is not None
         assert self._reader.client is not None
+        assert self._reader_trips is not None
         streams: dict[Any, Any] = dict.fromkeys(after, ">")
         with redis_errors("XREADGROUP"), self._unblocker.blocking(block_ms) as block:
             async with self._reader.client.pipeline(transaction=False) as pipe:
@@ -140,7 +146,7 @@ class RedisStreamEventSource(EventSource):
                     self._group, self._consumer, streams, count=count, block=block or None
                 )
                 self._look_behind.queue(pipe, after, together=True)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                replies = await self._reader_trips.execute(pipe)
         refused = _acks_refused(acked, replies[: len(acked)])
         read = replies[len(acked)]
         if isinstance(read, Exception):
@@ -278,7 +284,7 @@ class RedisStreamEventSource(EventSource):
                             **on_node_of(self._redis, stream),
                         )
                 self._look_behind.queue(pipe, after, together=together)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                replies = await self._trips.execute(pipe)
         refused = _acks_refused(acked, replies[: len(acked)])
         replies = replies[len(acked) :]
         read_replies = len(after) if not together else 1

@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.round_trips import PooledRoundTrips, RoundTrips
 from eco_router.application.errors import TransientError
 
 Arguments = Sequence[str | int | bytes]
@@ -37,17 +38,25 @@ class ReplicaWait:
     timeout_ms: int = 500
 
     async def call(
-        self, client: RedisClient, script: AsyncScript, keys: Sequence[str], args: Arguments
+        self,
+        client: RedisClient,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Arguments,
+        *,
+        trips: RoundTrips | None = None,
     ) -> Any:
-        """`script(keys, args)`, then, if asked, WAIT for the replicas on its connection."""
+        """`script(keys, args)`, then, if asked, WAIT for the replicas on its connection; sent
+        by `trips` where given, else through the client's pool."""
+        trips = trips or PooledRoundTrips()
         if not self.replicas:
-            return await script(keys=keys, args=args)
+            return await trips.call_script(script, keys, args)
         try:
-            reply, acked = await self._call_and_wait(client, script, keys, args)
+            reply, acked = await self._call_and_wait(client, trips, script, keys, args)
         except NoScriptError:
             # A pipeline does not load scripts by itself; the second try finds it.
             await client.script_load(script.script)
-            reply, acked = await self._call_and_wait(client, script, keys, args)
+            reply, acked = await self._call_and_wait(client, trips, script, keys, args)
         self._check(acked)
         return reply
 
@@ -70,7 +79,12 @@ class ReplicaWait:
         return reply
 
     async def _call_and_wait(
-        self, client: RedisClient, script: AsyncScript, keys: Sequence[str], args: Arguments
+        self,
+        client: RedisClient,
+        trips: RoundTrips,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Arguments,
     ) -> tuple[Any, int]:
         on_node: dict[str, Any] = {}
         if isinstance(client, RedisCluster):
@@ -79,7 +93,10 @@ class ReplicaWait:
         async with client.pipeline(transaction=False) as pipe:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             pipe.execute_command("WAIT", self.replicas, self.timeout_ms, **on_node)
-            reply, acked = await pipe.execute()
+            reply, acked = await trips.execute(pipe)
+        for answer in (reply, acked):
+            if isinstance(answer, Exception):
+                raise answer
         return reply, int(acked)
 
     def _call_and_wait_sync(

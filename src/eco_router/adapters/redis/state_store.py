@@ -9,6 +9,7 @@ from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.replica_wait import ReplicaWait
+from eco_router.adapters.redis.round_trips import round_trips
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, gather_all
 from eco_router.application.messages import Applied, EncodedEvent, JobView
@@ -41,6 +42,7 @@ class RedisLuaStateStore(StateStore):
         self._redis = redis
         self._replica_wait = replica_wait or ReplicaWait()
         self._script = redis.register_script(load_lua("apply_batch.lua"))
+        self._trips = round_trips(redis)
         self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
@@ -87,7 +89,9 @@ class RedisLuaStateStore(StateStore):
             event_args += (index, event.seq, event.stream_id, item.payload)
         args = [*self._head, len(shards), *fence.values(), *job_shards, *event_args]
         with redis_errors("apply batch"):
-            codes, fenced = await self._replica_wait.call(self._redis, self._script, keys, args)
+            codes, fenced = await self._replica_wait.call(
+                self._redis, self._script, keys, args, trips=self._trips
+            )
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
         return (
             [next(judged) if e.event.stream in shard_index else None for e in events],

@@ -1,0 +1,121 @@
+"""Running a pipeline's commands in one round trip: on a connection kept for the caller, or
+through the client's pool (a Redis Cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
+
+from eco_router.adapters.redis.connection import RedisClient
+
+Arguments = Sequence[str | int | bytes]
+
+
+class RoundTrips(Protocol):
+    """How an adapter sends the commands of its hot path."""
+
+    async def execute(self, pipe: Any) -> list[Any]:
+        """What `pipe.execute(raise_on_error=False)` returns: each command's reply, or the
+        error the server answered for it."""
+        ...
+
+    async def call_script(self, script: AsyncScript, keys: Sequence[str], args: Arguments) -> Any:
+        """`script(keys=keys, args=args)`: by its digest, loaded again if the server lost it."""
+        ...
+
+
+def round_trips(client: RedisClient) -> RoundTrips:
+    """A kept connection for one server's (or a Sentinel group master's) client; the pool for
+    a Redis Cluster's, whose commands go to the node owning their keys."""
+    if isinstance(client, RedisCluster):
+        return PooledRoundTrips()
+    return HeldConnection(client)
+
+
+class PooledRoundTrips:
+    """Each round trip checks a connection out of the client's pool, as redis-py does."""
+
+    async def execute(self, pipe: Any) -> list[Any]:
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+    async def call_script(self, script: AsyncScript, keys: Sequence[str], args: Arguments) -> Any:
+        return await script(keys=keys, args=args)
+
+
+class HeldConnection:
+    """One connection taken from a client's pool and kept, for a caller that sends one round
+    trip at a time (the router's read, apply and publish).
+
+    Through the pool a pipeline costs the client about twice its round trip (a checkout that
+    probes the socket, per-command observability hooks, the release). Here the commands a
+    redis-py pipeline queued are packed, sent and their replies parsed by redis-py itself, on
+    the kept connection, with the connection's own retry (as the pipeline would). A round
+    trip interrupted midway (a timeout, a cancellation, a dropped connection) disconnects it,
+    so no late reply is read as the next one's; the next round trip connects again (behind
+    Sentinel: to the master of the moment). The client's `aclose()` closes it.
+    """
+
+    def __init__(self, client: Redis) -> None:
+        self._client = client
+        self._connection: AbstractConnection | None = None
+        self._lock = asyncio.Lock()
+
+    async def execute(self, pipe: Any) -> list[Any]:
+        commands = pipe.command_stack
+        if not commands:
+            return []
+        async with self._lock:
+            if self._connection is None:
+                self._connection = await self._client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+            connection = self._connection
+            replies: list[Any] = await connection.retry.call_with_retry(
+                lambda: _round_trip(connection, pipe, commands),
+                lambda _error: connection.disconnect(),
+            )
+            return replies
+
+    async def call_script(self, script: AsyncScript, keys: Sequence[str], args: Arguments) -> Any:
+        reply = await self._evalsha(script, keys, args)
+        if isinstance(reply, NoScriptError):
+            # A server restarted or failed over since the script was last loaded.
+            await self._client.script_load(script.script)
+            reply = await self._evalsha(script, keys, args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _evalsha(self, script: AsyncScript, keys: Sequence[str], args: Arguments) -> Any:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        (reply,) = await self.execute(pipe)
+        return reply
+
+
+async def _round_trip(
+    connection: AbstractConnection, pipe: Pipeline, commands: list[Any]
+) -> list[Any]:
+    try:
+        if not connection.is_connected:
+            # Its own connect(): behind Sentinel it asks for the master of the moment, where
+            # sending on a closed connection would reconnect to the last address it had.
+            await connection.connect()
+        await connection.send_packed_command(connection.pack_commands([c for c, _ in commands]))
+        replies: list[Any] = []
+        for args, options in commands:
+            try:
+                replies.append(await pipe.parse_response(connection, args[0], **options))  # type: ignore[arg-type]
+            except ResponseError as error:
+                replies.append(error)
+        return replies
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
