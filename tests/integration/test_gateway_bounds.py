@@ -169,12 +169,22 @@ QUICK_TIMEOUTS = {
 PATIENCE_S = 20
 
 
+@pytest.fixture(params=["httptools", "h11"])
+def parser(request: pytest.FixtureRequest) -> str:
+    """EVENT_ROUTER_HTTP_PARSER: the slow-client bounds hold with either parser."""
+    value: str = request.param
+    return value
+
+
 @pytest.fixture
 def quick_gateway(
-    gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+    gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer, parser: str
 ) -> Gateway:
     return gateways.start(
-        streams_url=streams_server.url, pubsub_url=pubsub_server.url, **QUICK_TIMEOUTS
+        streams_url=streams_server.url,
+        pubsub_url=pubsub_server.url,
+        EVENT_ROUTER_HTTP_PARSER=parser,
+        **QUICK_TIMEOUTS,
     )
 
 
@@ -242,12 +252,17 @@ class TestSlowClients:
         assert answered.startswith(b"HTTP/1.1 200")
 
     async def test_past_the_connection_cap_a_request_is_503_until_connections_close(
-        self, gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+        self,
+        gateways: Gateways,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        parser: str,
     ) -> None:
         gateway = gateways.start(
             streams_url=streams_server.url,
             pubsub_url=pubsub_server.url,
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS="3",
+            EVENT_ROUTER_HTTP_PARSER=parser,
             **QUICK_TIMEOUTS,
         )
         async with contextlib.AsyncExitStack() as stack:
@@ -267,12 +282,17 @@ class TestSlowClients:
         assert after.status_code == 200
 
     async def test_past_twice_the_cap_a_connection_is_dropped_unanswered(
-        self, gateways: Gateways, streams_server: RedisServer, pubsub_server: RedisServer
+        self,
+        gateways: Gateways,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        parser: str,
     ) -> None:
         gateway = gateways.start(
             streams_url=streams_server.url,
             pubsub_url=pubsub_server.url,
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS="1",
+            EVENT_ROUTER_HTTP_PARSER=parser,
         )
         async with contextlib.AsyncExitStack() as stack:
             for _ in "ab":  # the cap, then one past it: twice the cap in all

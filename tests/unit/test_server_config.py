@@ -9,8 +9,11 @@ import resource
 import pytest
 from fastapi import FastAPI
 
-from eco_router.entrypoints.http.server_config import (
+from eco_router.entrypoints.http.protocols import (
     HeaderTimeoutProtocol,
+    HttpToolsHeaderTimeoutProtocol,
+)
+from eco_router.entrypoints.http.server_config import (
     accept_backlog,
     connection_cap,
     files_needed,
@@ -46,6 +49,7 @@ class TestSettings:
             ("EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S", "0"),
             ("EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S", "soon"),
             ("EVENT_ROUTER_HTTP_SHUTDOWN_TIMEOUT_S", "0"),
+            ("EVENT_ROUTER_HTTP_PARSER", "llhttp"),
         ],
     )
     def test_a_bound_that_would_refuse_everything_is_refused(
@@ -68,12 +72,19 @@ class TestServerConfig:
 
         config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
 
-        assert config.http is HeaderTimeoutProtocol
+        assert config.http is HttpToolsHeaderTimeoutProtocol
         assert config.header_timeout_s == 2.5
         assert config.timeout_keep_alive == 3
         assert config.timeout_graceful_shutdown == 25
         # uvicorn refuses once this many are open, the asking one included: 50 are served.
         assert config.limit_concurrency == 51
+
+    def test_h11_can_be_chosen_instead_of_httptools(self) -> None:
+        settings = load_settings(http_parser="h11")
+
+        config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
+
+        assert config.http is HeaderTimeoutProtocol
 
     def test_past_twice_the_cap_connections_are_dropped(self) -> None:
         config = server_config(

@@ -32,6 +32,7 @@ from eco_router.domain.event_size import (
 from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.cors import parse_origins
+from eco_router.entrypoints.http.protocols import HttpParserChoice
 from eco_router.producer import DOMAIN_VARIABLE, SHARDS_VARIABLE
 
 _ENV_PREFIX = "EVENT_ROUTER_"
@@ -133,6 +134,7 @@ class Settings(BaseSettings):
     http_header_timeout_s: float = Field(10, gt=0, le=3600)
     http_idle_timeout_s: int = Field(5, ge=1, le=3600)
     http_shutdown_timeout_s: float = Field(10, gt=0, le=3600)
+    http_parser: HttpParserChoice = "httptools"
     # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
     # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import resource
 from typing import Any
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eco_router.entrypoints.event_loop import uvicorn_loop
-from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
+from eco_router.entrypoints.http.protocols import HttpParserChoice, http_protocol
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,12 +23,18 @@ class GatewayConfig(uvicorn.Config):
     number of connections past which a new one is dropped unanswered."""
 
     def __init__(
-        self, app: Any, *, header_timeout_s: float, max_connections: int, **options: Any
+        self,
+        app: Any,
+        *,
+        header_timeout_s: float,
+        max_connections: int,
+        parser: HttpParserChoice = "httptools",
+        **options: Any,
     ) -> None:
         # uvicorn answers 503 once this many are open, counting the one asking.
         super().__init__(
             app,
-            http=HeaderTimeoutProtocol,
+            http=http_protocol(parser),
             limit_concurrency=max_connections + 1,
             backlog=accept_backlog(max_connections),
             **options,
@@ -58,68 +61,6 @@ def files_needed(max_connections: int) -> int:
     return hard_connection_limit(max_connections) + 4 * accept_backlog(max_connections) + _SPARE_FDS
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """h11 with a deadline for each request's line and headers.
-
-    uvicorn only times out a connection that is idle between requests (keep-alive); a
-    client that connects and sends nothing, or part of a request's headers, would hold its
-    connection forever. The deadline starts when the connection opens or a new request's
-    first byte arrives, and ends once the headers are complete; past it the connection is
-    closed. A connection opened past `drop_above` is closed at once.
-    """
-
-    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
-        self._header_timeout_s = float(getattr(config, "header_timeout_s", 10.0))
-        self._drop_above: int | None = getattr(config, "drop_above", None)
-        self._header_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if self._drop_above is not None and len(self.connections) > self._drop_above:
-            log.debug("dropping a connection: %d open", len(self.connections))
-            transport.abort()
-            return
-        self._arm_header_timer()
-
-    def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE:
-            self._arm_header_timer()
-        cycle = self.cycle
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:
-            self._disarm_header_timer()
-        if self.cycle is not cycle and self.cycle is not None:
-            self._offer_frame_writer()
-
-    def _offer_frame_writer(self) -> None:
-        """A new request's task is created, not yet run: its scope can still take an
-        extension. Only a chunked response (a GET over HTTP/1.1) can take raw chunks."""
-        scope = self.cycle.scope
-        if scope["method"] == "GET" and scope["http_version"] == "1.1":
-            extensions: dict[str, object] = scope.setdefault("extensions", {})  # type: ignore[assignment]
-            extensions[FRAME_WRITER] = TransportFrameWriter(self.cycle, self.transport, self.flow)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        super().connection_lost(exc)
-
-    def _arm_header_timer(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-            log.debug("closing a connection whose request headers did not arrive in time")
-            self.transport.close()
-
-
 def server_config(app: Any, settings: Settings, *, host: str, port: int) -> GatewayConfig:
     """The uvicorn configuration of the gateway, its limits taken from `settings`."""
     return GatewayConfig(
@@ -131,6 +72,7 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         # Streams get their end as the shutdown begins; writing thousands of ends takes time.
         timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
         header_timeout_s=settings.http_header_timeout_s,
+        parser=settings.http_parser,
         timeout_keep_alive=settings.http_idle_timeout_s,
         max_connections=connection_cap(settings.http_max_connections),
     )
