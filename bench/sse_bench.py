@@ -97,7 +97,7 @@ def free_port() -> int:
 
 def gateway_fds(max_connections: int) -> int:
     """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit, with
-    a warning: past about 6,400 connections under a hard limit of 20,000)."""
+    a warning)."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = 3 * max_connections + 10_000
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)

@@ -14,8 +14,10 @@ from eco_router.entrypoints.http.protocols import (
     HttpToolsHeaderTimeoutProtocol,
 )
 from eco_router.entrypoints.http.server_config import (
+    MIN_REFUSED,
+    ConnectionLimits,
     accept_backlog,
-    connection_cap,
+    connection_limits,
     files_needed,
     server_config,
 )
@@ -117,11 +119,29 @@ class TestFileLimits:
         limits = FileLimits(1024, 65536, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            cap = connection_cap(1000)
+            chosen = connection_limits(1000)
 
-        assert (limits.soft, limits.hard) == (files_needed(1000), 65536)
-        assert cap == 1000
+        assert (limits.soft, limits.hard) == (files_needed(ConnectionLimits(1000, 2000)), 65536)
+        assert chosen == ConnectionLimits(cap=1000, drop_above=2000)
         assert caplog.records == []
+
+    def test_a_limit_short_of_twice_the_cap_first_narrows_the_503_answers(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # 10,000 connections under a hard limit of 20,000 open files (twice needs 28,256).
+        limits = FileLimits(1024, 20_000, monkeypatch)
+
+        with caplog.at_level(logging.WARNING):
+            chosen = connection_limits(10_000)
+
+        assert limits.soft == 20_000
+        assert chosen.cap == 10_000
+        assert 10_000 + MIN_REFUSED <= chosen.drop_above < 20_000
+        assert files_needed(chosen) == 20_000  # all the room there is
+        [warning] = caplog.records
+        assert f"connections past {chosen.drop_above} are closed unanswered" in (
+            warning.getMessage()
+        )
 
     def test_a_limit_that_cannot_be_raised_enough_lowers_the_cap_with_a_warning(
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -129,10 +149,13 @@ class TestFileLimits:
         limits = FileLimits(256, 1024, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            cap = connection_cap(1000)
+            chosen = connection_limits(1000)
 
+        cap = chosen.cap
         assert limits.soft == 1024
-        assert files_needed(cap) <= 1024 < files_needed(cap + 1)  # the largest that fits
+        assert chosen == ConnectionLimits.narrow(cap)
+        # The largest cap that fits.
+        assert files_needed(chosen) <= 1024 < files_needed(ConnectionLimits.narrow(cap + 1))
         [warning] = caplog.records
         assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=1000" in warning.getMessage()
         assert f"capping connections at {cap}" in warning.getMessage()
@@ -143,9 +166,9 @@ class TestFileLimits:
         limits = FileLimits(100_000, 100_000, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            cap = connection_cap(1000)
+            chosen = connection_limits(1000)
 
-        assert (limits.soft, cap) == (100_000, 1000)
+        assert (limits.soft, chosen) == (100_000, ConnectionLimits(1000, 2000))
         assert caplog.records == []
 
     def test_a_limit_too_low_for_any_cap_still_leaves_one_connection(
@@ -154,7 +177,7 @@ class TestFileLimits:
         FileLimits(20, 20, monkeypatch)
 
         with caplog.at_level(logging.WARNING):
-            cap = connection_cap(1000)
+            chosen = connection_limits(1000)
 
-        assert cap == 1
+        assert chosen.cap == 1
         assert "capping connections at 1" in caplog.records[0].getMessage()

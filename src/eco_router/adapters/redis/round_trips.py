@@ -107,7 +107,7 @@ async def _round_trip(
         if not connection.is_connected:
             # Its own connect(): behind Sentinel it asks for the master of the moment, where
             # sending on a closed connection would reconnect to the last address it had.
-            await connection.connect()
+            await connection.connect()  # type: ignore[no-untyped-call]
         await connection.send_packed_command(connection.pack_commands([c for c, _ in commands]))
         replies: list[Any] = []
         for args, options in commands:

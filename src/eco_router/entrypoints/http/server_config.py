@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -16,6 +17,28 @@ log = logging.getLogger(__name__)
 
 # File descriptors the process needs besides client connections (Redis, logs, listener).
 _SPARE_FDS = 64
+# Past the cap, at least this many connections get their 503 before any is closed unanswered.
+MIN_REFUSED = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How many connections are served (`cap`), and past how many a new one is closed at
+    once, unanswered (`drop_above`); a request on a connection between the two gets 503."""
+
+    cap: int
+    drop_above: int
+
+    @classmethod
+    def full(cls, cap: int) -> ConnectionLimits:
+        """Past the cap a connection is kept just long enough to answer its request with
+        503; past twice the cap it is closed at once."""
+        return cls(cap, 2 * cap)
+
+    @classmethod
+    def narrow(cls, cap: int) -> ConnectionLimits:
+        """The least room for 503 answers past the cap."""
+        return cls(cap, cap + MIN_REFUSED)
 
 
 class GatewayConfig(uvicorn.Config):
@@ -27,7 +50,7 @@ class GatewayConfig(uvicorn.Config):
         app: Any,
         *,
         header_timeout_s: float,
-        max_connections: int,
+        limits: ConnectionLimits,
         parser: HttpParserChoice = "httptools",
         **options: Any,
     ) -> None:
@@ -35,18 +58,12 @@ class GatewayConfig(uvicorn.Config):
         super().__init__(
             app,
             http=http_protocol(parser),
-            limit_concurrency=max_connections + 1,
-            backlog=accept_backlog(max_connections),
+            limit_concurrency=limits.cap + 1,
+            backlog=accept_backlog(limits.cap),
             **options,
         )
         self.header_timeout_s = header_timeout_s
-        self.drop_above = hard_connection_limit(max_connections)
-
-
-def hard_connection_limit(max_connections: int) -> int:
-    """Past the cap a connection is kept just long enough to answer its request with 503;
-    past twice the cap it is closed at once."""
-    return 2 * max_connections
+        self.drop_above = limits.drop_above
 
 
 def accept_backlog(max_connections: int) -> int:
@@ -55,10 +72,10 @@ def accept_backlog(max_connections: int) -> int:
     return max(16, min(2048, max_connections // 4))
 
 
-def files_needed(max_connections: int) -> int:
-    """Open files for the cap: the connections kept, the ones accepted in the few loop
+def files_needed(limits: ConnectionLimits) -> int:
+    """Open files for `limits`: the connections kept, the ones accepted in the few loop
     iterations before a dropped one is closed, and the process's own."""
-    return hard_connection_limit(max_connections) + 4 * accept_backlog(max_connections) + _SPARE_FDS
+    return limits.drop_above + 4 * accept_backlog(limits.cap) + _SPARE_FDS
 
 
 def server_config(app: Any, settings: Settings, *, host: str, port: int) -> GatewayConfig:
@@ -74,30 +91,36 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         header_timeout_s=settings.http_header_timeout_s,
         parser=settings.http_parser,
         timeout_keep_alive=settings.http_idle_timeout_s,
-        max_connections=connection_cap(settings.http_max_connections),
+        limits=connection_limits(settings.http_max_connections),
     )
 
 
-def connection_cap(wanted: int) -> int:
-    """The cap the open-file limit allows: the soft limit is raised as far as the hard limit
-    lets it for `wanted`; if that is not enough the cap is lowered, with a warning, so the
-    process never runs out of descriptors (accept errors) before it reaches its cap."""
-    needed = files_needed(wanted)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return wanted
-    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    if raised > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-        except (ValueError, OSError):
-            pass  # kept as it is: the cap is lowered instead
+def connection_limits(wanted: int) -> ConnectionLimits:
+    """The limits the open-file limit allows for a cap of `wanted`: the soft limit is raised
+    as far as the hard limit lets it; if that is not enough, first the room for 503 answers
+    past the cap shrinks (down to `MIN_REFUSED`), then the cap is lowered, each with a
+    warning, so the process never runs out of descriptors (accept errors) before its limits."""
+    full = ConnectionLimits.full(wanted)
+    needed = files_needed(full)
+    soft = _raise_soft_limit(needed)
     if soft >= needed:
-        return wanted
+        return full
+    room = soft - files_needed(ConnectionLimits(wanted, wanted))
+    if room >= MIN_REFUSED:
+        log.warning(
+            "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files to answer 503 up "
+            "to twice the cap but the limit is %d: connections past %d are closed unanswered "
+            "(raise the limit with ulimit -n)",
+            wanted,
+            needed,
+            soft,
+            wanted + room,
+        )
+        return ConnectionLimits(wanted, wanted + room)
     allowed = wanted
-    while allowed > 1 and files_needed(allowed) > soft:
-        allowed = max(1, min(allowed - 1, allowed * soft // files_needed(allowed)))
+    while allowed > 1 and files_needed(ConnectionLimits.narrow(allowed)) > soft:
+        over = files_needed(ConnectionLimits.narrow(allowed))
+        allowed = max(1, min(allowed - 1, allowed * soft // over))
     log.warning(
         "EVENT_ROUTER_HTTP_MAX_CONNECTIONS=%d needs about %d open files but the limit is %d: "
         "capping connections at %d (raise the limit with ulimit -n)",
@@ -106,4 +129,19 @@ def connection_cap(wanted: int) -> int:
         soft,
         allowed,
     )
-    return allowed
+    return ConnectionLimits.narrow(allowed)
+
+
+def _raise_soft_limit(needed: int) -> int:
+    """The open-file soft limit, raised toward `needed` as far as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return needed
+    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if raised > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass  # kept as it is: the limits are lowered instead
+    return soft
