@@ -4,10 +4,13 @@ reply of an interrupted round trip ever read as the next one's."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eco_router.adapters.redis.connection import redis_client
 from eco_router.adapters.redis.round_trips import HeldConnection
@@ -123,6 +126,34 @@ async def test_behind_sentinel_a_killed_master_is_left_for_the_promoted_one() ->
 
     assert replies[0] is True
     assert int(next(iter(replies[1].values()))) == new.port
+
+
+async def test_a_server_that_stops_answering_times_the_round_trip_out(
+    streams_server: RedisServer,
+) -> None:
+    client, _ = redis_client(streams_server.url, socket_timeout_s=0.5, client_name="test")
+    assert isinstance(client, Redis)
+    held = HeldConnection(client)
+    pid = streams_server.pid
+    assert pid is not None
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set("k", "before")
+            await held.execute(pipe)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get("k")
+                with pytest.raises(RedisTimeoutError):
+                    await held.execute(pipe)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.get("k")
+            pipe.ping()
+            assert await held.execute(pipe) == [b"before", True]
+    finally:
+        await client.aclose()
 
 
 async def test_a_script_the_server_lost_is_loaded_again(streams_redis: Redis) -> None:
