@@ -19,6 +19,7 @@ from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStre
 from eco_router.entrypoints.http.cors import JobEventsCors
 from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
 from eco_router.entrypoints.http.public_errors import EpisodeLog, public_reason, service_of
+from eco_router.entrypoints.http.sse_fast_path import JobEventsFastPath
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.runner import RouterRunner
 
@@ -75,6 +76,8 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app.include_router(sse_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
+    # Added first, so it runs inside every other middleware added below (CORS among them).
+    app.add_middleware(JobEventsFastPath)
     if demo:
         throttle = Throttle(
             rate=DEMO_JOBS_PER_S,
