@@ -6,14 +6,11 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eco_router.entrypoints.container import Container
-from eco_router.entrypoints.http.sse_responses import job_event_stream
-from eco_router.entrypoints.resolve import resolve
+from eco_router.entrypoints.http.sse_routes import open_job_events
 
 # The path of `sse_routes.job_events`, as Starlette matches `{domain}` and `{job_id}`.
 JOB_EVENTS_PATH = re.compile(r"/api/v1/(?P<domain>[^/]+)/(?P<job_id>[^/]+)/events")
@@ -24,7 +21,7 @@ ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
 class JobEventsFastPath:
     """Serves `GET /api/v1/{domain}/{job_id}/events` itself and passes every other request on.
 
-    The route stays declared in `sse_routes` (its documentation, and the same handler), but
+    The route stays declared in `sse_routes` (its documentation, and the same function), but
     reaching it through FastAPI costs each of thousands of connections its routing, its
     dependency solving and validation, and a dozen more coroutine frames kept for the life of
     the stream. Its parameters are strings with no other rule (`job_event_stream` checks
@@ -46,30 +43,16 @@ class JobEventsFastPath:
             return
         request = Request(scope, receive)
         try:
-            response = await _job_events(request, found["domain"], found["job_id"])
+            last_event_id = request.query_params.get("last_event_id")
+            response = await open_job_events(
+                request, found["domain"], found["job_id"], last_event_id
+            )
         except Exception as error:
             handler = _handler_for(request.app.exception_handlers, error)
             if handler is None:
                 raise
             response = await handler(request, error)
         await response(scope, receive, send)
-
-
-async def _job_events(request: Request, domain: str, job_id: str) -> Response:
-    app: FastAPI = request.app
-    container: Container = app.state.container
-    settings = container.settings()
-    return await job_event_stream(
-        request,
-        domain=domain,
-        job_id=job_id,
-        last_event_id=request.query_params.get("last_event_id"),
-        domains=settings.domains,
-        cookie=settings.jwt_cookie,
-        authorizer=await resolve(container.authorizer()),
-        stream=await resolve(container.stream_job_events()),
-        client_streams=app.state.client_streams,
-    )
 
 
 def _handler_for(

@@ -11,7 +11,6 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer
 from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.ports import Authorizer
-from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.http.sse_responses import job_event_stream
 from eco_router.entrypoints.resolve import resolve
@@ -24,27 +23,27 @@ ENDED_ALREADY: dict[int | str, dict[str, object]] = {
 }
 
 
-# The stream routes resolve their ports in async functions: FastAPI runs a synchronous
-# dependency (such as a `Provide` marker) in a worker thread, a thread hop per dependency on
-# every connection.
-async def _stream(request: Request) -> StreamJobEvents:
+async def open_job_events(
+    request: Request, domain: str, job_id: str, last_event_id: str | None
+) -> Response:
+    """A job's event stream, its ports resolved from the app's container in this coroutine:
+    FastAPI would run a synchronous dependency (such as a `Provide` marker) in a worker thread,
+    a thread hop per dependency on every connection. Also what `JobEventsFastPath` serves."""
     container: Container = request.app.state.container
-    return await resolve(container.stream_job_events())
+    settings = container.settings()
+    return await job_event_stream(
+        request,
+        domain=domain,
+        job_id=job_id,
+        last_event_id=last_event_id,
+        domains=settings.domains,
+        cookie=settings.jwt_cookie,
+        authorizer=await resolve(container.authorizer()),
+        stream=await resolve(container.stream_job_events()),
+        client_streams=request.app.state.client_streams,
+    )
 
 
-async def _authorizer(request: Request) -> Authorizer:
-    container: Container = request.app.state.container
-    return await resolve(container.authorizer())
-
-
-async def _settings(request: Request) -> Settings:
-    container: Container = request.app.state.container
-    return container.settings()
-
-
-Stream = Depends(_stream)
-Auth = Depends(_authorizer)
-Config = Depends(_settings)
 DemoAuth = Depends(Provide[Container.authorizer])
 DemoConfig = Depends(Provide[Container.settings])
 
@@ -53,25 +52,9 @@ DemoConfig = Depends(Provide[Container.settings])
     "/api/v1/{domain}/{job_id}/events", response_class=StreamingResponse, responses=ENDED_ALREADY
 )
 async def job_events(
-    request: Request,
-    domain: str,
-    job_id: str,
-    last_event_id: str | None = None,
-    stream: StreamJobEvents = Stream,
-    authorizer: Authorizer = Auth,
-    settings: Settings = Config,
+    request: Request, domain: str, job_id: str, last_event_id: str | None = None
 ) -> Response:
-    return await job_event_stream(
-        request,
-        domain=domain,
-        job_id=job_id,
-        last_event_id=last_event_id,
-        domains=settings.domains,
-        cookie=settings.jwt_cookie,
-        authorizer=authorizer,
-        stream=stream,
-        client_streams=request.app.state.client_streams,
-    )
+    return await open_job_events(request, domain, job_id, last_event_id)
 
 
 @router.get("/api/v1/stream", response_class=StreamingResponse, responses=ENDED_ALREADY)
@@ -79,21 +62,8 @@ async def legacy_job_events(
     request: Request,
     job_id: str = Query(..., description="the job to watch (domain scan)"),
     last_event_id: str | None = None,
-    stream: StreamJobEvents = Stream,
-    authorizer: Authorizer = Auth,
-    settings: Settings = Config,
 ) -> Response:
-    return await job_event_stream(
-        request,
-        domain="scan",
-        job_id=job_id,
-        last_event_id=last_event_id,
-        domains=settings.domains,
-        cookie=settings.jwt_cookie,
-        authorizer=authorizer,
-        stream=stream,
-        client_streams=request.app.state.client_streams,
-    )
+    return await open_job_events(request, "scan", job_id, last_event_id)
 
 
 @router.post("/api/v1/demo/jobs", status_code=201)
