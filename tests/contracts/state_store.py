@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from eco_router.application.messages import EncodedEvent, JobView
+from eco_router.application.messages import EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 from tests.contracts.factories import ContractFamilies, entry_id
@@ -44,6 +44,11 @@ class StateStoreContract(ContractFamilies):
         """Set the shard's fencing epoch, as the lease store does when a router takes it."""
         raise NotImplementedError
 
+    async def append_and_read(self, stream: str, consumer: str) -> str:
+        """Append an entry to `stream` and read it into the store's group as `consumer` (the
+        group created at the start first, if need be); its id."""
+        raise NotImplementedError
+
     @pytest.fixture(autouse=True)
     async def _tokens(self, _backend: None) -> None:
         for stream, token in self.fence.items():
@@ -56,6 +61,37 @@ class StateStoreContract(ContractFamilies):
         applied = await store.apply(events, self.fence)
         assert applied.fenced == frozenset()
         return applied.judgements
+
+    async def test_a_read_whose_first_entry_comes_after_one_pending_elsewhere_is_a_gap(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        taken_by_another = await self.append_and_read(self.scan_0, "another")
+        first = await self.append_and_read(self.scan_0, "me")
+        event = self.encoded(seq=1, stream_id=first)
+
+        gap = await store.apply([event], self.fence, {self.scan_0: ReadStart("me", "0-0", first)})
+        in_order = await store.apply(
+            [event], self.fence, {self.scan_0: ReadStart("me", taken_by_another, first)}
+        )
+
+        assert (gap.gaps, gap.judgements) == ({self.scan_0}, [None])
+        assert (in_order.gaps, in_order.judgements) == (frozenset(), [NEW_APPLY])
+
+    async def test_a_read_whose_first_entry_comes_after_one_it_took_unseen_is_a_gap(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        await self.append_and_read(self.scan_0, "me")
+        first = await self.append_and_read(self.scan_0, "me")
+
+        applied = await store.apply(
+            [self.encoded(seq=1, stream_id=first)],
+            self.fence,
+            {self.scan_0: ReadStart("me", "0-0", first)},
+        )
+
+        assert (applied.gaps, applied.judgements) == ({self.scan_0}, [None])
 
     async def test_a_new_event_is_applied_to_state_and_history(self) -> None:
         store = await self.make_store()

@@ -773,6 +773,8 @@ class Findings:
     unexpected: list[tuple[str, str]] = field(default_factory=list)
     wrong_states: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     pending: int = 0
+    # Per shard with entries left pending: its group's last delivered id and those entries.
+    pending_detail: dict[str, str] = field(default_factory=dict)
     dead_letters_missing: list[EntryKey] = field(default_factory=list)
     dead_letters_extra: list[EntryKey] = field(default_factory=list)
     wrong_reasons: dict[EntryKey, tuple[str, str]] = field(default_factory=dict)
@@ -1056,6 +1058,8 @@ class FaultRig:
             job: seq for job, entries in owed.items() if entries and (seq := entries[-1].seq)
         }
         findings.pending = await pending_count(self.redis, self.family.streams)
+        if findings.pending:
+            findings.pending_detail = await self._pending_detail()
         state_highest = highest
         if self.unreplicated_loss_allowed:
             # A job's state is where the entries the server kept took it: one published
@@ -1160,7 +1164,7 @@ class FaultRig:
         assert not findings.viewers_out_of_order, findings.viewers_out_of_order
         assert not findings.viewers_behind, findings.viewers_behind
         # Nothing stranded.
-        assert findings.pending == 0, logs
+        assert findings.pending == 0, (findings.pending_detail, logs)
         assert not findings.dead_letters_missing, findings.dead_letters_missing
         assert not findings.dead_letters_extra, (findings.dead_letters_extra, logs)
         assert not findings.wrong_reasons, findings.wrong_reasons
@@ -1214,6 +1218,22 @@ class FaultRig:
                 consumer = item["consumer"].decode()
                 details.append((stream, entry_id, consumer, item["times_delivered"], fields))
         return details
+
+    async def _pending_detail(self) -> dict[str, str]:
+        """What is left pending on each shard, and where the group's reads stand there."""
+        detail: dict[str, str] = {}
+        for stream in self.family.streams:
+            left = await self.redis.xpending_range(stream, GROUP, min="-", max="+", count=20)
+            if not left:
+                continue
+            groups = await self.redis.xinfo_groups(stream)
+            names = (GROUP, GROUP.encode())
+            last = next((g["last-delivered-id"] for g in groups if g["name"] in names), None)
+            entries = [
+                f"{e['message_id']} at {e['consumer']} x{e['times_delivered']}" for e in left
+            ]
+            detail[stream] = f"last delivered {last}; pending {entries}"
+        return detail
 
     async def _nothing_pending(self) -> bool:
         return await pending_count(self.redis, self.family.streams) == 0

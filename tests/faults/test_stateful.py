@@ -479,7 +479,8 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         self.table = self.streams.lease_table(GROUP)
         self.store = InMemoryStateStore(
             clock=self.clock,
-            leases=self.table,
+            streams=self.streams,
+            group=GROUP,
             state_ttl_s=TTL_S,
             markers_ttl_s=TTL_S,
             history_size=1_000,

@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
@@ -110,6 +111,13 @@ class TestRedisLuaStateStore(StateStoreContract):
 
     async def set_epoch(self, stream: str, token: int) -> None:
         await self.redis.set(GroupKeys(GROUP).epoch(stream), token)
+
+    async def append_and_read(self, stream: str, consumer: str) -> str:
+        with contextlib.suppress(ResponseError):  # BUSYGROUP
+            await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        entry_id = await self.redis.xadd(stream, {"n": "1"})
+        await self.redis.xreadgroup(GROUP, consumer, {stream: ">"}, count=1)
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 class TestRedisPubSubBroadcaster(BroadcasterContract):

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
-from eco_router.application.messages import EncodedEvent
+from eco_router.application.messages import EncodedEvent, ReadStart
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
 from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
@@ -65,16 +65,19 @@ class TestBranches:
         chat_epoch = GroupKeys(GROUP).epoch("chat:events:0")
         await streams_redis.set(EPOCH, 2)
         await streams_redis.set(chat_epoch, 1)
-        keys = [EPOCH, chat_epoch, JOB.state, JOB.history, JOB.markers]
+        keys = [EPOCH, chat_epoch, SHARD, "chat:events:0", JOB.state, JOB.history, JOB.markers]
         keys += [other.state, other.history, other.markers]
-        # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
-        # job 2 on shard 2.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, 2, 1, 1, 1, 2]
+        # Two shards held with token 1 (the first one's epoch moved on), no read to check,
+        # job 1 on shard 1, job 2 on shard 2.
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, GROUP, 2]
+        head += [1, "", "", 1, "", "", "", "", 1, 2]
         events = [(1, 5, entry_id(1), b"fenced"), (2, 1, entry_id(2), b"applied")]
 
-        codes, fenced = await script(keys=keys, args=head + [v for event in events for v in event])
+        codes, fenced, gaps = await script(
+            keys=keys, args=head + [v for event in events for v in event]
+        )
 
-        assert (codes, fenced) == (b"40", [1])
+        assert (codes, fenced, gaps) == (b"40", [1], [])
         assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
         assert await streams_redis.get(other.state) == b"applied"
 
@@ -83,9 +86,11 @@ class TestBranches:
     ) -> None:
         script = streams_redis.register_script(load_lua("apply_batch.lua"))
         await streams_redis.set(EPOCH, 1)
-        keys = [EPOCH, JOB.state, JOB.history, JOB.markers]
-        # TTLs, history size and bytes, one shard with token 1, the job on shard 1.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, 1, 1, 1]
+        keys = [EPOCH, SHARD, JOB.state, JOB.history, JOB.markers]
+        # TTLs, history size and bytes, the group, one shard with token 1 and no read to
+        # check, the job on shard 1.
+        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, GROUP, 1]
+        head += [1, "", "", "", 1]
         events = [
             (1, 5, entry_id(1), b"applied"),
             (1, 5, entry_id(1), b"same entry again"),
@@ -93,9 +98,11 @@ class TestBranches:
             (1, 4, entry_id(3), b"lower seq"),
         ]
 
-        codes, fenced = await script(keys=keys, args=head + [v for event in events for v in event])
+        codes, fenced, gaps = await script(
+            keys=keys, args=head + [v for event in events for v in event]
+        )
 
-        assert (codes, fenced) == (b"0123", [])
+        assert (codes, fenced, gaps) == (b"0123", [], [])
         assert await streams_redis.get(JOB.state) == b"applied"
         assert await streams_redis.lrange(JOB.history, 0, -1) == [b"applied"]
 
@@ -173,6 +180,83 @@ class TestBranches:
         assert judgements == [NEW_APPLY, NEW_APPLY, STALE]
         assert await streams_redis.hget(JOB.markers, "last") == str(MAX_SEQ).encode()
         assert await apply(store, [encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
+
+
+class TestReadOrder:
+    """The check that nothing pending comes between where a read began and its first entry."""
+
+    async def test_an_entry_read_by_another_consumer_before_the_read_is_a_gap(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        position, earlier, first = await _read_by_two(streams_redis, first_reader="stale")
+
+        applied = await store.apply(
+            [encoded(seq=2, stream_id=first)], {SHARD: 1}, {SHARD: ReadStart("me", position, first)}
+        )
+
+        assert applied.gaps == {SHARD}
+        assert applied.judgements == [None]
+        assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
+        assert earlier != first
+
+    async def test_an_entry_this_consumer_took_without_seeing_it_is_a_gap(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        position, _, first = await _read_by_two(streams_redis, first_reader="me")
+
+        applied = await store.apply(
+            [encoded(seq=2, stream_id=first)], {SHARD: 1}, {SHARD: ReadStart("me", position, first)}
+        )
+
+        assert applied.gaps == {SHARD}
+        assert applied.judgements == [None]
+
+    async def test_a_read_that_began_where_the_last_one_ended_is_applied(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        _, earlier, first = await _read_by_two(streams_redis, first_reader="me")
+
+        applied = await store.apply(
+            [encoded(seq=2, stream_id=first)], {SHARD: 1}, {SHARD: ReadStart("me", earlier, first)}
+        )
+
+        assert (applied.gaps, applied.judgements) == (frozenset(), [NEW_APPLY])
+
+    async def test_a_fenced_shard_is_fenced_not_a_gap(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        position, _, first = await _read_by_two(streams_redis, first_reader="stale")
+        await streams_redis.set(EPOCH, 2)
+
+        applied = await store.apply(
+            [encoded(seq=2, stream_id=first)], {SHARD: 1}, {SHARD: ReadStart("me", position, first)}
+        )
+
+        assert (applied.fenced, applied.gaps) == ({SHARD}, frozenset())
+
+    async def test_a_stream_without_the_group_is_no_gap(self, store: RedisLuaStateStore) -> None:
+        start = ReadStart("me", "0-0", entry_id(1))
+
+        applied = await store.apply(
+            [encoded(seq=1, stream_id=entry_id(1))], {SHARD: 1}, {SHARD: start}
+        )
+
+        assert (applied.gaps, applied.judgements) == (frozenset(), [NEW_APPLY])
+
+
+async def _read_by_two(redis: Redis, *, first_reader: str) -> tuple[str, str, str]:
+    """Two entries on the shard: `first_reader` reads the first, "me" the second. Returns
+    the position before both, the first's id and the second's."""
+    await redis.xgroup_create(SHARD, GROUP, id="0", mkstream=True)
+    earlier = _text(await redis.xadd(SHARD, {"n": "1"}))
+    later = _text(await redis.xadd(SHARD, {"n": "2"}))
+    await redis.xreadgroup(GROUP, first_reader, {SHARD: ">"}, count=1)
+    await redis.xreadgroup(GROUP, "me", {SHARD: ">"}, count=1)
+    return "0-0", earlier, later
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class TestKeys:

@@ -111,7 +111,8 @@ class Harness:
         self.leases.epochs.update(self.fence)
         self.store = InMemoryStateStore(
             clock=self.clock,
-            leases=self.leases,
+            streams=self.streams,
+            group=GROUP,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=100,

@@ -91,7 +91,8 @@ async def pipeline() -> Pipeline:
 def state_store(pipeline: Pipeline) -> InMemoryStateStore:
     return InMemoryStateStore(
         clock=pipeline.clock,
-        leases=pipeline.streams.lease_table(GROUP),
+        streams=pipeline.streams,
+        group=GROUP,
         state_ttl_s=3600,
         markers_ttl_s=7200,
         history_size=10,

@@ -11,9 +11,9 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PermanentError
 from eco_router.application.held_shards import HeldShards
-from eco_router.application.messages import Applied, EncodedEvent
+from eco_router.application.messages import Applied, EncodedEvent, ReadStart
 from eco_router.domain.verdict import Verdict
-from tests.unit.factories import Harness, eventually
+from tests.unit.factories import GROUP, Harness, eventually
 
 STOP_WITHIN_S = 5.0
 
@@ -49,11 +49,16 @@ class FailingOnceStore(InMemoryStateStore):
         self.job_id = job_id
         self.struck = False
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         if not self.struck and any(e.event.job_id == self.job_id for e in events):
             self.struck = True
             raise RuntimeError("bug in the store")
-        return await super().apply(events, fence)
+        return await super().apply(events, fence, in_order)
 
 
 class TestRouting:
@@ -157,7 +162,8 @@ class TestTransientFailures:
         h.store = FailingOnceStore(
             "job-1",
             clock=h.clock,
-            leases=h.leases,
+            streams=h.streams,
+            group=GROUP,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=100,

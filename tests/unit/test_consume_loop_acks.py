@@ -32,6 +32,7 @@ class CountingSource(InMemoryEventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
         self.calls.append("read_new")
         self.carried += len(acks)
@@ -40,7 +41,9 @@ class CountingSource(InMemoryEventSource):
             if self.cut_next_read:
                 self.cut_next_read = False
                 raise TransientError("connection reset before the server saw the read")
-        batch = await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
+        batch = await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
         if self.lose_next_read and batch.deliveries:
             self.lose_next_read = False
             raise TransientError("connection reset after the server had read")

@@ -24,8 +24,11 @@ class LosingOneReply(InMemoryEventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
-        batch = await super().read_new(tokens, count=count, acks=acks, block_ms=block_ms)
+        batch = await super().read_new(
+            tokens, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
         if self.lose_next and batch.deliveries:
             self.lose_next = False
             raise TransientError("connection reset after the server had read")
@@ -74,13 +77,18 @@ class RetryingAfterALostReply(InMemoryEventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
-        first = await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
+        first = await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
         if not (self.lose_next and first.deliveries):
             return first
         # The reply of the attempt that took entries is lost; the retry reads on.
         self.lose_next = False
-        return await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
+        return await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
 
 
 class TestRetriedRead:

@@ -43,9 +43,12 @@ class ReadBetweenClaimPages(InMemoryEventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
         self.reads += 1
-        return await super().read_new(after, count=count, acks=acks, block_ms=block_ms)
+        return await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
 
 
 class TestTakeOverOverlappingTheLastRead:

@@ -76,14 +76,16 @@ class TestInMemoryStateStore(StateStoreContract):
     @pytest.fixture(autouse=True)
     def _backend(self) -> None:
         self.clock = ManualClock()
-        self.leases = LeaseTable(self.clock)
+        self.streams = InMemoryStreams(self.clock)
+        self.leases = self.streams.lease_table(GROUP)
 
     async def make_store(
         self, *, history_size: int = 3, history_max_bytes: int = 1 << 20
     ) -> StateStore:
         return InMemoryStateStore(
             clock=self.clock,
-            leases=self.leases,
+            streams=self.streams,
+            group=GROUP,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,
@@ -92,6 +94,12 @@ class TestInMemoryStateStore(StateStoreContract):
 
     async def set_epoch(self, stream: str, token: int) -> None:
         self.leases.epochs[stream] = token
+
+    async def append_and_read(self, stream: str, consumer: str) -> str:
+        self.streams.create_group(stream, GROUP)
+        entry_id = self.streams.xadd(stream, {"n": "1"})
+        self.streams.read_new(GROUP, consumer, [stream], 1)
+        return entry_id
 
 
 class TestInMemoryBroadcaster(BroadcasterContract):

@@ -11,9 +11,9 @@ import pytest
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PermanentError, TransientError
-from eco_router.application.messages import Applied, EncodedEvent
+from eco_router.application.messages import Applied, EncodedEvent, ReadStart
 from eco_router.application.router_health import RouterHealth
-from tests.unit.factories import Harness, eventually
+from tests.unit.factories import GROUP, Harness, eventually
 
 QUARANTINE_RETRY_MS = 10_001
 
@@ -128,17 +128,27 @@ class TestRouterHealth:
 class BrokenJobStore(InMemoryStateStore):
     """A state store whose keys of one job hold the wrong type: every batch with it fails."""
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         if any(item.event.job_id == "broken-job" for item in events):
             raise PermanentError("", "apply batch: WRONGTYPE Operation against a key")
-        return await super().apply(events, fence)
+        return await super().apply(events, fence, in_order)
 
 
 class TestAJobKeyOfTheWrongType:
     async def test_its_batch_stays_pending_and_no_shard_is_quarantined(self) -> None:
         h = Harness()
         h.store = BrokenJobStore(
-            clock=h.clock, leases=h.leases, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+            clock=h.clock,
+            streams=h.streams,
+            group=GROUP,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=100,
         )
         loop = h.consume_loop()
 

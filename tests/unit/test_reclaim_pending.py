@@ -12,10 +12,10 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Applied, EncodedEvent
+from eco_router.application.messages import Applied, EncodedEvent, ReadStart
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.router_health import RouterHealth
-from tests.unit.factories import CHANNEL_PREFIX, FAMILY, Harness, eventually
+from tests.unit.factories import CHANNEL_PREFIX, FAMILY, GROUP, Harness, eventually
 
 MIN_IDLE_MS = 30_000
 
@@ -256,9 +256,14 @@ class CountingStore(InMemoryStateStore):
 
     attempts = 0
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         self.attempts += 1
-        return await super().apply(events, fence)
+        return await super().apply(events, fence, in_order)
 
 
 class TestWhileTheStoreRefusesWrites:
@@ -268,7 +273,12 @@ class TestWhileTheStoreRefusesWrites:
         self, h: Harness, b: InMemoryEventSource
     ) -> None:
         store = CountingStore(
-            clock=h.clock, leases=h.leases, state_ttl_s=3600, markers_ttl_s=7200, history_size=100
+            clock=h.clock,
+            streams=h.streams,
+            group=GROUP,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=100,
         )
         h.store = store
         entry_id = h.xadd("job-1", 1)

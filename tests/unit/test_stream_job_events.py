@@ -23,7 +23,7 @@ from eco_router.application.ports import EventFeed, FeedSubscription, FrameWrite
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
-from tests.unit.factories import Harness, eventually, make_event
+from tests.unit.factories import GROUP, Harness, eventually, make_event
 
 DONE = {"stage": "done", "status": "done"}
 FAILED = {"stage": "scan", "status": "failed"}
@@ -49,7 +49,8 @@ class Gateway:
         self.h = Harness()
         self.h.store = InMemoryStateStore(
             clock=self.h.clock,
-            leases=self.h.leases,
+            streams=self.h.streams,
+            group=GROUP,
             state_ttl_s=3600,
             markers_ttl_s=7200,
             history_size=history_size,

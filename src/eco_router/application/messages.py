@@ -36,7 +36,9 @@ class ReadBatch:
     consumer: a router that read it after losing the shard. When the read drained every
     shard, `marks` holds each shard's last entry id, to wait for what comes after.
     `broken` are the shards the server refused to read for good (nothing was read of them);
-    `regrouped` the shards whose group had vanished, created again at the id given.
+    `regrouped` the shards whose group had vanished, created again at the id given. `starts`
+    tells, per shard it brought entries of, where the read began, for the apply to check
+    (none when the read looked behind: it checked them itself).
     """
 
     deliveries: list[Delivery]
@@ -44,6 +46,28 @@ class ReadBatch:
     marks: Mapping[str, str] = field(default_factory=dict)
     broken: Mapping[str, PermanentError] = field(default_factory=dict)
     regrouped: Mapping[str, str] = field(default_factory=dict)
+    starts: Mapping[str, ReadStart] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStart:
+    """Where a consumer's read of a shard began (`after`, the last entry it had read there)
+    and the first entry it brought: the apply checks that nothing came between."""
+
+    consumer: str
+    after: str
+    first: str
+
+
+def read_starts(
+    consumer: str, after: Mapping[str, str], deliveries: Sequence[Delivery]
+) -> dict[str, ReadStart]:
+    """The `ReadStart` of each shard of `after` that `deliveries` (a read's) brought entries of."""
+    return {
+        stream: ReadStart(consumer, after[stream], first)
+        for stream, first in first_ids(deliveries).items()
+        if stream in after
+    }
 
 
 def first_ids(deliveries: Sequence[Delivery]) -> dict[str, str]:
@@ -70,10 +94,12 @@ def drained_marks(
 @dataclass(frozen=True, slots=True)
 class Applied:
     """The judgements of a batch's events, in order; events of `fenced` shards were not judged
-    (None): another router holds their shard now."""
+    (None): another router holds their shard now; nor were those of `gaps`, shards where an
+    entry read by someone else (or by a read whose reply was lost) comes before the read's."""
 
     judgements: list[Judgement | None]
     fenced: frozenset[str] = frozenset()
+    gaps: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

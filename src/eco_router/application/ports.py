@@ -18,6 +18,7 @@ from eco_router.application.messages import (
     GroupView,
     JobView,
     ReadBatch,
+    ReadStart,
     Replayed,
     ShardCounters,
     ShardStats,
@@ -59,13 +60,16 @@ class EventSource(Protocol):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
         """Up to `count` never-delivered entries of each shard in `after`. `after` is, per
-        shard, the last entry this consumer read or took over there: an entry after it
-        pending at another consumer is reported as a gap. A read that drains every shard
-        returns marks to wait after. A shard refused for good is reported `broken` and the
-        others are read; a shard whose group vanished gets it back at its `after` id, so
-        nothing already read is read again.
+        shard, the last entry this consumer read or took over there. With `look_behind`, an
+        entry after it pending at another consumer (or at this one, taken by a read whose
+        reply was lost) is reported as a gap; without, the apply of what was read checks that
+        (`starts`), and a shard that brought nothing is not looked at. A read that drains
+        every shard returns marks to wait after. A shard refused for good is reported
+        `broken` and the others are read; a shard whose group vanished gets it back at its
+        `after` id, so nothing already read is read again.
         With `block_ms` (and `can_block`), a read that finds nothing waits up to that long for
         an entry, and `interrupt` wakes it: it returns what it took, perhaps nothing, never
         losing it. Without, it returns at once.
@@ -117,10 +121,17 @@ class EventSource(Protocol):
 class StateStore(Protocol):
     """Per-job state snapshot, history and dedup markers."""
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         """Judge the events in order and apply the NEW ones, all in one atomic step, for the
         shards whose fencing token is still the one in `fence` (every shard of `fence` is
-        checked, with or without events); the other shards' events are left untouched."""
+        checked, with or without events) and, for those of `in_order`, whose first entry
+        pending in the group after the read's start is the read's first, pending at its
+        consumer (else a gap); the other shards' events are left untouched."""
         ...
 
     async def view(self, domain: str, job_id: str) -> JobView:

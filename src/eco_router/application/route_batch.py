@@ -8,7 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import Applied, DeadLetter, Delivery, EncodedEvent
+from eco_router.application.messages import (
+    Applied,
+    DeadLetter,
+    Delivery,
+    EncodedEvent,
+    ReadStart,
+)
 from eco_router.application.ports import (
     Broadcaster,
     Clock,
@@ -37,6 +43,7 @@ class RouteResult:
     unsettled: list[Delivery] = field(default_factory=list)
     to_ack: list[Delivery] = field(default_factory=list)
     fenced: frozenset[str] = frozenset()
+    gaps: frozenset[str] = frozenset()
     error: PublishFailed | None = None
 
 
@@ -57,6 +64,9 @@ class RouteBatch:
     - Fencing: the batch is applied only for the shards whose token in `fence` still holds
       (checked atomically with the apply). A fenced shard's entries are left as they are,
       unpublished, not dead-lettered and unacked: the router that holds it now routes them.
+    - Order: the shards of `in_order` (a read's starts) are applied only if nothing pending
+      comes between where their read began and its first entry (checked with the apply);
+      a shard with such a gap is left as a fenced one is, for the caller to take over again.
     """
 
     def __init__(
@@ -85,7 +95,12 @@ class RouteBatch:
         self._size_limits = size_limits
 
     async def __call__(
-        self, deliveries: Sequence[Delivery], fence: Mapping[str, int], *, ack: bool = True
+        self,
+        deliveries: Sequence[Delivery],
+        fence: Mapping[str, int],
+        *,
+        in_order: Mapping[str, ReadStart] | None = None,
+        ack: bool = True,
     ) -> RouteResult:
         started = self._clock.monotonic()
         result = RouteResult()
@@ -127,11 +142,15 @@ class RouteBatch:
                 letters.append(DeadLetter(delivery, too_large.reason, too_large.detail))
                 continue
             encoded.append(EncodedEvent(event, payload))
-        applied = await self._apply(encoded, letters, fence)
-        result.fenced = applied.fenced
-        if applied.fenced:
-            letters = [x for x in letters if x.delivery.stream not in applied.fenced]
-            deliveries = [d for d in deliveries if d.stream not in applied.fenced]
+        # A batch routed again holds a part of its read: only those shards are checked.
+        read = {d.stream for d in deliveries}
+        starts = {s: start for s, start in (in_order or {}).items() if s in read}
+        applied = await self._apply(encoded, letters, fence, starts)
+        result.fenced, result.gaps = applied.fenced, applied.gaps
+        left = applied.fenced | applied.gaps
+        if left:
+            letters = [x for x in letters if x.delivery.stream not in left]
+            deliveries = [d for d in deliveries if d.stream not in left]
         judged = [(e, j) for e, j in zip(encoded, applied.judgements, strict=True) if j]
         to_publish = [item for item, j in judged if j.publish]
         try:
@@ -173,20 +192,25 @@ class RouteBatch:
         encoded: Sequence[EncodedEvent],
         letters: Sequence[DeadLetter],
         fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart],
     ) -> Applied:
         # Every shard with something to write is fenced, dead letters included, so a router
         # that lost a shard neither applies nor dead-letters what the new holder routes.
         writing = {item.event.stream for item in encoded}
         writing.update(letter.delivery.stream for letter in letters)
+        # A read's shards are checked even with nothing to write (deleted entries only): an
+        # entry left before them must come first.
+        writing.update(in_order)
         unheld = frozenset(s for s in writing if s not in fence)
         if not writing - unheld:
             return Applied([None] * len(encoded), unheld)
         held = [item for item in encoded if item.event.stream not in unheld]
-        applied = await self._store.apply(held, {s: fence[s] for s in writing - unheld})
+        applied = await self._store.apply(held, {s: fence[s] for s in writing - unheld}, in_order)
         judgements = iter(applied.judgements)
         return Applied(
             [None if item.event.stream in unheld else next(judgements) for item in encoded],
             applied.fenced | unheld,
+            applied.gaps,
         )
 
     def _triage(self, delivery: Delivery) -> JobEvent | Rejection | None:

@@ -304,7 +304,8 @@ def use_in_memory(container: Container) -> None:
         providers.Singleton(
             InMemoryStateStore,
             clock=container.clock,
-            leases=lease_table,
+            streams=container.memory_streams,
+            group=settings.provided.consumer_group,
             state_ttl_s=settings.provided.state_ttl_s,
             markers_ttl_s=settings.provided.published_ttl_s,
             history_size=settings.provided.history_size,

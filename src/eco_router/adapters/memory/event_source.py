@@ -15,6 +15,7 @@ from eco_router.application.messages import (
     ShardStats,
     drained_marks,
     first_ids,
+    read_starts,
 )
 from eco_router.application.ports import EventSource
 from eco_router.domain.event import StreamEntryId
@@ -75,8 +76,9 @@ class InMemoryEventSource(EventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
-        read = self._read_now(after, count, acks)
+        read = self._read_now(after, count, acks, look_behind)
         if not (block_ms > 0 and self._blocking):
             return read
         woken, self._woken = self._woken, False
@@ -98,11 +100,11 @@ class InMemoryEventSource(EventSource):
                 await asyncio.gather(*waits, return_exceptions=True)
         finally:
             self._waking = None
-        again = self._read_now(after, count, ())
+        again = self._read_now(after, count, (), look_behind)
         return dataclasses.replace(again, broken={**read.broken, **again.broken})
 
     def _read_now(
-        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery]
+        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery], look_behind: bool
     ) -> ReadBatch:
         self._check()
         deliveries: list[Delivery] = []
@@ -130,20 +132,22 @@ class InMemoryEventSource(EventSource):
             ]
         first = first_ids(deliveries)
         reading = {s: last for s, last in after.items() if s not in broken}
-        gaps = frozenset(s for s, last in reading.items() if self._gap(s, last, first.get(s)))
+        gaps = frozenset(
+            s for s, last in reading.items() if look_behind and self._gap(s, last, first.get(s))
+        )
         return ReadBatch(
-            deliveries, gaps, drained_marks(deliveries, reading, count), broken, regrouped
+            deliveries,
+            gaps,
+            drained_marks(deliveries, reading, count),
+            broken,
+            regrouped,
+            {} if look_behind else read_starts(self._consumer, reading, deliveries),
         )
 
     def _gap(self, stream: str, last: str, first_read: str | None) -> bool:
         """Whether the first entry pending after `last` is not this read's first one."""
-        floor = StreamEntryId.parse(last)
-        pending = self.streams.pending(stream, self._group)
-        later = [i for i in pending if StreamEntryId.parse(i) > floor]
-        if not later:
-            return False
-        lowest = min(later, key=StreamEntryId.parse)
-        return pending[lowest].consumer != self._consumer or lowest != first_read
+        found = self.streams.first_pending_after(stream, self._group, last)
+        return found is not None and found != (first_read, self._consumer)
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()

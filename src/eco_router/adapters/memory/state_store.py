@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from eco_router.adapters.memory.leases import LeaseTable
+from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Applied, EncodedEvent, JobView
+from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import Clock, StateStore
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.verdict import JobRecord, Judgement, judge
@@ -25,20 +25,24 @@ class _Job:
 
 
 class InMemoryStateStore(StateStore):
-    """Snapshots, histories and markers in dicts, with the same TTLs as the Redis store."""
+    """Snapshots, histories and markers in dicts, with the same TTLs as the Redis store; the
+    fencing epochs and pending entries it checks are those of `group` on `streams`."""
 
     def __init__(
         self,
         *,
         clock: Clock,
-        leases: LeaseTable,
+        streams: InMemoryStreams,
+        group: str,
         state_ttl_s: int,
         markers_ttl_s: int,
         history_size: int,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
     ) -> None:
         self.available = True
-        self._leases = leases
+        self._streams = streams
+        self._group = group
+        self._leases = streams.lease_table(group)
         self._clock = clock
         self._state_ttl_ms = state_ttl_s * 1000
         self._markers_ttl_ms = markers_ttl_s * 1000
@@ -46,13 +50,23 @@ class InMemoryStateStore(StateStore):
         self._history_max_bytes = history_max_bytes
         self._jobs: dict[tuple[str, str], _Job] = {}
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         if not self.available:
             raise TransientError("in-memory state store marked unavailable")
         fenced = frozenset(s for s, token in fence.items() if not self._leases.holds(s, token))
+        starts = in_order or {}
+        gaps = frozenset(
+            s for s in fence if s not in fenced and s in starts and self._gap(s, starts[s])
+        )
         judgements: list[Judgement | None] = []
         for item in events:
-            if item.event.stream in fenced or item.event.stream not in fence:
+            stream = item.event.stream
+            if stream in fenced or stream in gaps or stream not in fence:
                 judgements.append(None)
                 continue
             job = self._job(item.event.domain, item.event.job_id)
@@ -66,7 +80,15 @@ class InMemoryStateStore(StateStore):
                 job.state_expires_ms = now + self._state_ttl_ms
                 job.markers_expire_ms = now + self._markers_ttl_ms
             judgements.append(judgement)
-        return Applied(judgements, fenced | {e.event.stream for e in events} - set(fence))
+        return Applied(judgements, fenced | {e.event.stream for e in events} - set(fence), gaps)
+
+    def _gap(self, stream: str, start: ReadStart) -> bool:
+        """Whether the first entry pending after the read's start is not the read's first."""
+        try:
+            found = self._streams.first_pending_after(stream, self._group, start.after)
+        except (NoGroup, WrongType):
+            return False
+        return found is not None and found != (start.first, start.consumer)
 
     def _append(self, job: _Job, payload: bytes) -> None:
         """Append, then drop the oldest beyond the count or the bytes; the newest stays."""

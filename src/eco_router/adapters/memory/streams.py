@@ -113,6 +113,17 @@ class InMemoryStreams:
     def pending(self, stream: str, group: str) -> dict[str, PendingEntry]:
         return dict(self._group(stream, group).pending)
 
+    def first_pending_after(self, stream: str, group: str, after: str) -> tuple[str, str] | None:
+        """XPENDING stream group (after + COUNT 1: the id and consumer of the first entry
+        pending after `after`, None when there is none."""
+        floor = StreamEntryId.parse(after)
+        pending = self._group(stream, group).pending
+        later = [i for i in pending if StreamEntryId.parse(i) > floor]
+        if not later:
+            return None
+        lowest = min(later, key=StreamEntryId.parse)
+        return lowest, pending[lowest].consumer
+
     def last_delivered(self, stream: str, group: str) -> str:
         return str(self._group(stream, group).last_delivered)
 

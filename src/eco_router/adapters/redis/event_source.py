@@ -25,12 +25,16 @@ from eco_router.application.messages import (
     ShardStats,
     drained_marks,
     first_ids,
+    read_starts,
 )
 from eco_router.application.ports import EventSource
 from eco_router.domain.streams import StreamFamily, shard_of
 
 RawEntry = tuple[bytes | None, dict[bytes, bytes] | None]
 T = TypeVar("T")
+
+# A shard's look behind when none was made: nothing pending after the reader's position.
+_NOTHING_LOOKED_AT: list[Any] = [[]]
 
 # How many entries a wait for appends returns of each shard: it tells how far to move a wait's
 # mark when the entries after it were delivered to another consumer.
@@ -113,19 +117,25 @@ class RedisStreamEventSource(EventSource):
         count: int,
         acks: Sequence[Delivery] = (),
         block_ms: int = 0,
+        look_behind: bool = True,
     ) -> ReadBatch:
         if after and block_ms > 0 and self.can_block:
-            read, refused = await self._read_blocking(after, count, acks, block_ms)
+            read, refused = await self._read_blocking(after, count, acks, block_ms, look_behind)
             if read is not None:
                 return read
             # A read refused (a vanished group, a shard of the wrong type): the full path
             # finds out which shard and what to do; the acks were sent already.
-            read = await self._read_now(after, count, ())
+            read = await self._read_now(after, count, (), look_behind)
             return dataclasses.replace(read, broken={**refused, **read.broken})
-        return await self._read_now(after, count, acks)
+        return await self._read_now(after, count, acks, look_behind)
 
     async def _read_blocking(
-        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery], block_ms: int
+        self,
+        after: Mapping[str, str],
+        count: int,
+        acks: Sequence[Delivery],
+        block_ms: int,
+        look_behind: bool,
     ) -> tuple[ReadBatch | None, dict[str, PermanentError]]:
         """On the pinned connection, in one round trip: XACK of `acks`, XREADGROUP BLOCK,
         then the look behind of `read_new`. None for the read when XREADGROUP was refused.
@@ -145,22 +155,27 @@ class RedisStreamEventSource(EventSource):
                 pipe.xreadgroup(
                     self._group, self._consumer, streams, count=count, block=block or None
                 )
-                self._look_behind.queue(pipe, after, together=True)
+                if look_behind:
+                    self._look_behind.queue(pipe, after, together=True)
                 replies = await self._reader_trips.execute(pipe)
         refused = _acks_refused(acked, replies[: len(acked)])
         read = replies[len(acked)]
         if isinstance(read, Exception):
             return None, refused
-        pending = await self._look_behind.found(replies[len(acked) + 1 :], after, together=True)
+        pending = (
+            await self._look_behind.found(replies[len(acked) + 1 :], after, together=True)
+            if look_behind
+            else _NOTHING_LOOKED_AT * len(after)
+        )
         deliveries = [
             d for name, entries in _read_reply(read) for d in self._deliveries(name, entries)
         ]
         broken: dict[str, PermanentError] = dict(refused)
         gaps = self._gaps(after, pending, deliveries, broken)
-        marks = drained_marks(
-            deliveries, {s: i for s, i in after.items() if s not in broken}, count
-        )
-        return ReadBatch(deliveries, frozenset(gaps), marks, broken), refused
+        reading = {s: i for s, i in after.items() if s not in broken}
+        marks = drained_marks(deliveries, reading, count)
+        starts = {} if look_behind else read_starts(self._consumer, reading, deliveries)
+        return ReadBatch(deliveries, frozenset(gaps), marks, broken, starts=starts), refused
 
     def _gaps(
         self,
@@ -186,7 +201,7 @@ class RedisStreamEventSource(EventSource):
         return gaps
 
     async def _read_now(
-        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery]
+        self, after: Mapping[str, str], count: int, acks: Sequence[Delivery], look_behind: bool
     ) -> ReadBatch:
         if not after:
             await self.ack(acks)
@@ -194,7 +209,7 @@ class RedisStreamEventSource(EventSource):
         # Tagged shards live in different slots, which one XREADGROUP cannot span.
         together = len(by_slot(after)) == 1
         reads, pending, refused = await self._read_and_look_behind(
-            after, count, together=together, acks=acks
+            after, count, together=together, acks=acks, look_behind=look_behind
         )
         regrouped: dict[str, str] = {}
         vanished = {
@@ -208,7 +223,9 @@ class RedisStreamEventSource(EventSource):
             regrouped = {stream: positions[stream] for stream in created}
             # Only the shards that read nothing are read again: the others' entries are
             # this consumer's pending ones now, which a second read would not return.
-            again = await self._read_and_look_behind(vanished, count, together=together)
+            again = await self._read_and_look_behind(
+                vanished, count, together=together, look_behind=look_behind
+            )
             redone = dict(zip(vanished, zip(*again[:2], strict=True), strict=True))
             reads = [redone[s][0] if s in redone else r for s, r in zip(after, reads, strict=True)]
             pending = [
@@ -219,7 +236,9 @@ class RedisStreamEventSource(EventSource):
             if not isinstance(error, PermanentError):
                 raise error from reads[0]
             # One XREADGROUP reads every shard or none: find the shard it failed on.
-            reads, pending, _ = await self._read_and_look_behind(after, count, together=False)
+            reads, pending, _ = await self._read_and_look_behind(
+                after, count, together=False, look_behind=look_behind
+            )
         broken: dict[str, PermanentError] = dict(refused)
         deliveries: list[Delivery] = []
         for stream, read in zip(after, reads, strict=True):
@@ -231,12 +250,14 @@ class RedisStreamEventSource(EventSource):
                 continue
             deliveries += [d for name, entries in read for d in self._deliveries(name, entries)]
         gaps = self._gaps(after, pending, deliveries, broken)
+        reading = {s: i for s, i in after.items() if s not in broken}
         return ReadBatch(
             deliveries,
             frozenset(gaps),
-            drained_marks(deliveries, {s: i for s, i in after.items() if s not in broken}, count),
+            drained_marks(deliveries, reading, count),
             broken,
             regrouped,
+            {} if look_behind else read_starts(self._consumer, reading, deliveries),
         )
 
     async def _positions(self, after: Mapping[str, str]) -> dict[str, str]:
@@ -261,12 +282,14 @@ class RedisStreamEventSource(EventSource):
         *,
         together: bool,
         acks: Sequence[Delivery] = (),
+        look_behind: bool = True,
     ) -> tuple[list[Any], list[Any], dict[str, PermanentError]]:
         """XACK of `acks` first, then XREADGROUP (one for every shard `together`, else one
         per shard), then per shard the first entry pending after `after`: the read's own
         first entry, one another consumer took before it, or one an earlier read of this
         consumer took whose reply was lost (and the client retried). It is looked up after
-        the read, so nothing read before it goes unseen. Replies per shard, an exception
+        the read, so nothing read before it goes unseen (without `look_behind`, nothing is
+        looked up: no shard has anything pending after it). Replies per shard, an exception
         where a command failed, and the streams whose XACK was refused for good."""
         with redis_errors("XREADGROUP"):
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -283,12 +306,17 @@ class RedisStreamEventSource(EventSource):
                             *("STREAMS", stream, ">"),
                             **on_node_of(self._redis, stream),
                         )
-                self._look_behind.queue(pipe, after, together=together)
+                if look_behind:
+                    self._look_behind.queue(pipe, after, together=together)
                 replies = await self._trips.execute(pipe)
         refused = _acks_refused(acked, replies[: len(acked)])
         replies = replies[len(acked) :]
         read_replies = len(after) if not together else 1
-        pending = await self._look_behind.found(replies[read_replies:], after, together=together)
+        pending = (
+            await self._look_behind.found(replies[read_replies:], after, together=together)
+            if look_behind
+            else _NOTHING_LOOKED_AT * len(after)
+        )
         if not together:
             reads = [
                 r if isinstance(r, Exception) else _read_reply(r) for r in replies[: len(after)]

@@ -12,7 +12,7 @@ from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.round_trips import round_trips
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, gather_all
-from eco_router.application.messages import Applied, EncodedEvent, JobView
+from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.streams import StreamFamily
@@ -43,37 +43,61 @@ class RedisLuaStateStore(StateStore):
         self._replica_wait = replica_wait or ReplicaWait()
         self._script = redis.register_script(load_lua("apply_batch.lua"))
         self._trips = round_trips(redis)
-        self._head = [state_ttl_s, markers_ttl_s, history_size, history_max_bytes]
+        self._head: list[str | int] = [
+            state_ttl_s,
+            markers_ttl_s,
+            history_size,
+            history_max_bytes,
+            group,
+        ]
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
         self._to_view: list[tuple[JobKeys, asyncio.Future[JobView]]] = []
         self._viewing: asyncio.Task[None] | None = None
 
-    async def apply(self, events: Sequence[EncodedEvent], fence: Mapping[str, int]) -> Applied:
+    async def apply(
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        in_order: Mapping[str, ReadStart] | None = None,
+    ) -> Applied:
         """One script call for the batch; on tagged shards one per slot, issued together."""
         unfenced = {e.event.stream for e in events} - set(fence)
+        starts = in_order or {}
         slots = by_slot(fence)
         if len(slots) <= 1:
-            judged, fenced = await self._apply(events, fence)
-            return Applied(judged, fenced | unfenced)
-        parts = await gather_all(self._apply(events, part) for part in slots)
+            judged, fenced, gaps = await self._apply(events, fence, starts)
+            return Applied(judged, fenced | unfenced, gaps)
+        parts = await gather_all(self._apply(events, part, starts) for part in slots)
         # Each call judged its slot's events and left the others None.
         merged = [
             next((j for j in each if j is not None), None)
-            for each in zip(*(j for j, _ in parts), strict=True)
+            for each in zip(*(j for j, _, _ in parts), strict=True)
         ]
-        return Applied(merged, frozenset().union(*(f for _, f in parts)) | unfenced)
+        return Applied(
+            merged,
+            frozenset().union(*(f for _, f, _ in parts)) | unfenced,
+            frozenset().union(*(g for _, _, g in parts)),
+        )
 
     async def _apply(
-        self, events: Sequence[EncodedEvent], fence: Mapping[str, int]
-    ) -> tuple[list[Judgement | None], frozenset[str]]:
+        self,
+        events: Sequence[EncodedEvent],
+        fence: Mapping[str, int],
+        starts: Mapping[str, ReadStart],
+    ) -> tuple[list[Judgement | None], frozenset[str], frozenset[str]]:
         """One `apply_batch.lua` call for the events of `fence`'s shards (one slot)."""
         shards = list(fence)
         shard_index = {stream: n for n, stream in enumerate(shards, 1)}
         if not shards:
-            return [None] * len(events), frozenset()
+            return [None] * len(events), frozenset(), frozenset()
         keys = [self._group_keys.epoch(stream) for stream in shards]
-        job_shards: list[int] = []
+        keys += shards
+        args: list[str | int | bytes] = [*self._head, len(shards)]
+        for stream, token in fence.items():
+            start = starts.get(stream)
+            args += (token, f"({start.after}", start.consumer) if start else (token, "", "")
+        args += [start.first if (start := starts.get(stream)) else "" for stream in shards]
         job_index: dict[tuple[str, str], int] = {}
         event_args: list[str | int | bytes] = []
         for item in events:
@@ -85,17 +109,17 @@ class RedisLuaStateStore(StateStore):
                 index = job_index[event.job_key] = len(job_index) + 1
                 job = JobKeys.of(event.domain, event.job_id, event.stream)
                 keys += (job.state, job.history, job.markers)
-                job_shards.append(shard_index[event.stream])
+                args.append(shard_index[event.stream])
             event_args += (index, event.seq, event.stream_id, item.payload)
-        args = [*self._head, len(shards), *fence.values(), *job_shards, *event_args]
         with redis_errors("apply batch"):
-            codes, fenced = await self._replica_wait.call(
-                self._redis, self._script, keys, args, trips=self._trips
+            codes, fenced, gaps = await self._replica_wait.call(
+                self._redis, self._script, keys, args + event_args, trips=self._trips
             )
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
         return (
             [next(judged) if e.event.stream in shard_index else None for e in events],
             frozenset(shards[n - 1] for n in fenced),
+            frozenset(shards[n - 1] for n in gaps),
         )
 
     async def view(self, domain: str, job_id: str) -> JobView:

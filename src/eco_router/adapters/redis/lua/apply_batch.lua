@@ -1,33 +1,49 @@
 -- Judge a batch of events and apply the NEW ones, atomically, on the shards whose fencing
--- token still holds.
--- KEYS: the fencing epoch of each shard written, then per job three keys: state, history,
---       applied-markers hash (fields: seq -> id of the entry that applied it, plus "last" ->
---       newest applied seq and "history_bytes" -> the history's total payload bytes).
--- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, number of shards, each
---       shard's token,
---       each job's shard (1-based), then per event four values: job index (1-based into the
---       key triples), seq, entry id, payload. A job's events arrive in seq order; jobs may
---       interleave.
--- Returns {codes, fenced shards}: one character per event, "0" new and applied, "1" new but
--- applied earlier by this same entry (publish again), "2" duplicate, "3" stale, "4" not
--- judged (its shard's token is no longer the caller's); and the 1-based indices of those
--- shards.
+-- token still holds and whose read came in order.
+-- KEYS: the fencing epoch of each shard written, then each one's stream, then per job three
+--       keys: state, history, applied-markers hash (fields: seq -> id of the entry that
+--       applied it, plus "last" -> newest applied seq and "history_bytes" -> the history's
+--       total payload bytes).
+-- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, the consumer group,
+--       number of shards, then per shard three values: its token, and where its read began
+--       (exclusive, "(<id>") and the consumer that read it, or two empty strings when there
+--       is no read to check; then the first entry each read brought, one per shard ("" when
+--       none); then each job's shard (1-based), then per event four values: job index
+--       (1-based into the key triples), seq, entry id, payload. A job's events arrive in seq
+--       order; jobs may interleave.
+-- Returns {codes, fenced shards, gap shards}: one character per event, "0" new and
+-- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
+-- "3" stale, "4" not judged (its shard's token is no longer the caller's, or an entry
+-- another consumer read, or a read whose reply was lost, comes before the read's first);
+-- and the 1-based indices of the fenced shards, then of the shards with such a gap.
 -- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
 -- grow with the number of its events in the batch.
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
 local history_max_bytes = tonumber(ARGV[4])
-local shards = tonumber(ARGV[5])
-local jobs_at = 5 + shards
-local events_at = jobs_at + (#KEYS - shards) / 3 + 1
+local group = ARGV[5]
+local shards = tonumber(ARGV[6])
+local firsts_at = 6 + shards * 3
+local jobs_at = firsts_at + shards
+local events_at = jobs_at + (#KEYS - shards * 2) / 3 + 1
 
-local fenced = {}
+local skipped = {}
 local fenced_list = {}
+local gap_list = {}
 for shard = 1, shards do
-  if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[5 + shard] then
-    fenced[shard] = true
+  local at = 6 + (shard - 1) * 3
+  if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[at + 1] then
+    skipped[shard] = true
     fenced_list[#fenced_list + 1] = shard
+  elseif ARGV[at + 2] ~= '' then
+    -- The first entry pending after where the read began must be the read's own first.
+    local reply = redis.pcall('XPENDING', KEYS[shards + shard], group, ARGV[at + 2], '+', 1)
+    local first = not reply.err and reply[1]
+    if first and (first[1] ~= ARGV[firsts_at + shard] or first[2] ~= ARGV[at + 3]) then
+      skipped[shard] = true
+      gap_list[#gap_list + 1] = shard
+    end
   end
 end
 
@@ -68,7 +84,7 @@ local codes = {}
 
 -- Judge one job's events (in seq order) and apply the new ones with one call per command.
 local function apply_job(job, offsets)
-  local base = shards + job * 3
+  local base = shards * 2 + job * 3
   local markers = KEYS[base]
   local fields = { 'last', 'history_bytes' }
   for n, i in ipairs(offsets) do
@@ -154,7 +170,7 @@ end
 
 for _, job in ipairs(jobs) do
   local offsets = offsets_of[job]
-  if fenced[tonumber(ARGV[jobs_at + job])] then
+  if skipped[tonumber(ARGV[jobs_at + job])] then
     for _, i in ipairs(offsets) do
       codes[(i - events_at) / 4 + 1] = '4'
     end
@@ -163,4 +179,4 @@ for _, job in ipairs(jobs) do
   end
 end
 
-return { table.concat(codes), fenced_list }
+return { table.concat(codes), fenced_list, gap_list }
