@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -17,7 +16,7 @@ from eco_router.application.messages import Delivery, ReadBatch, ReadStart
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
-from eco_router.application.stopping import sleep_unless_stopped
+from eco_router.application.stopping import cancel_and_wait, sleep_unless_stopped
 from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily, shard_of
 
@@ -489,11 +488,7 @@ class ConsumeLoop:
                 waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            for wait in waits:
-                wait.cancel()
-            for wait in waits:
-                with contextlib.suppress(BaseException):
-                    await wait
+            await cancel_and_wait(waits)
             if _succeeded(appended):
                 self._acked(acks)
             else:
@@ -571,9 +566,7 @@ class ConsumeLoop:
             return
         read, _ = self._prefetch
         self._prefetch = None
-        read.cancel()
-        with contextlib.suppress(BaseException):
-            await read
+        await cancel_and_wait([read])
 
     async def _pause(self, stop: asyncio.Event, stop_deadline: float | None) -> None:
         delay = self._backoff.next_delay()

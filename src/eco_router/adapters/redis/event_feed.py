@@ -18,6 +18,7 @@ from eco_router.application.ports import (
     FeedSubscription,
     GatewayMetrics,
 )
+from eco_router.application.stopping import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,7 @@ class RedisPubSubEventFeed(EventFeed):
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            await cancel_and_wait([self._reader])
         # Under the lock: closing the connection under a running unsubscribe fails it.
         async with self._lock:
             self._stopped = True

@@ -28,6 +28,7 @@ from eco_router.application.messages import (
     read_starts,
 )
 from eco_router.application.ports import EventSource
+from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.streams import StreamFamily, shard_of
 
 RawEntry = tuple[bytes | None, dict[bytes, bytes] | None]
@@ -464,9 +465,7 @@ async def _first_of(waits: list[Coroutine[Any, Any, T]]) -> T:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
     return next(iter(done)).result()
 
 

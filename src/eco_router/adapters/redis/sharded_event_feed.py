@@ -24,6 +24,7 @@ from eco_router.application.ports import (
     FeedSubscription,
     GatewayMetrics,
 )
+from eco_router.application.stopping import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,7 @@ class RedisShardedPubSubEventFeed(EventFeed):
 
     async def stop(self) -> None:
         tasks = [t for t in (self._repairer, *(k.reader for k in self._links.values())) if t]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         # Under the lock: closing a link under a running sunsubscribe fails it.
         async with self._lock:
             self._stopped = True
