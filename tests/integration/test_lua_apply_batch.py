@@ -16,6 +16,9 @@ from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
+# The script renews the history's and the markers' TTLs at most this often (a tenth of the
+# state TTL, at most a minute), and keeps them that much longer.
+RENEW_EVERY_S = 10
 HISTORY_SIZE = 3
 HISTORY_MAX_BYTES = 1 << 20
 JOB = JobKeys.of("scan", "job-1")
@@ -47,6 +50,14 @@ async def apply(
     applied = await store.apply(events, {SHARD: 1})
     assert applied.fenced == frozenset()
     return applied.judgements
+
+
+async def markers_renewed_now(redis: Redis) -> dict[bytes, bytes]:
+    """The job's markers but "renewed", which must be the server's time (within a second)."""
+    markers = await redis.hgetall(JOB.markers)
+    now_s, _ = await redis.time()
+    assert now_s - 1 <= int(markers.pop(b"renewed")) <= now_s
+    return dict(markers)
 
 
 def raw(payload: bytes, **overrides: object) -> EncodedEvent:
@@ -115,7 +126,7 @@ class TestBranches:
 
         assert await streams_redis.get(JOB.state) == event.payload
         assert await streams_redis.lrange(JOB.history, 0, -1) == [event.payload]
-        assert await streams_redis.hgetall(JOB.markers) == {
+        assert await markers_renewed_now(streams_redis) == {
             b"7": entry_id(7).encode(),
             b"last": b"7",
             b"history_bytes": str(len(event.payload)).encode(),
@@ -268,21 +279,48 @@ class TestKeys:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
 
         assert 0 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
-        assert 0 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
-        assert STATE_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+        assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
+        assert MARKERS_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
-    async def test_a_new_event_renews_the_ttls(
-        self, store: RedisLuaStateStore, streams_redis: Redis
+    @pytest.mark.parametrize("renewed_ago_s", [RENEW_EVERY_S, -1000], ids=["due", "clock-back"])
+    async def test_a_new_event_renews_the_ttls_once_the_last_renewal_is_due(
+        self, store: RedisLuaStateStore, streams_redis: Redis, renewed_ago_s: int
     ) -> None:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        now_s, _ = await streams_redis.time()
+        await streams_redis.hset(JOB.markers, "renewed", now_s - renewed_ago_s)
         for key in (JOB.state, JOB.history, JOB.markers):
             await streams_redis.expire(key, 5)
 
         await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert 5 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
-        assert 5 < await streams_redis.ttl(JOB.history) <= STATE_TTL_S
-        assert STATE_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+        assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
+        assert MARKERS_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
+        assert int(await streams_redis.hget(JOB.markers, "renewed") or 0) >= now_s
+
+    async def test_within_a_renewal_window_only_the_state_ttl_is_set(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        for key in (JOB.state, JOB.history, JOB.markers):
+            await streams_redis.expire(key, 50)
+
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+
+        assert 50 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
+        assert 0 < await streams_redis.ttl(JOB.history) <= 50
+        assert 0 < await streams_redis.ttl(JOB.markers) <= 50
+
+    async def test_a_history_created_within_a_renewal_window_gets_its_ttl(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        await streams_redis.delete(JOB.history)
+
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+
+        assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
 
     async def test_history_is_trimmed_to_the_newest_payloads_across_batches(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -337,7 +375,7 @@ class TestKeys:
 
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
-        assert await streams_redis.hlen(JOB.markers) == 2502  # seqs, last, history_bytes
+        assert await streams_redis.hlen(JOB.markers) == 2503  # seqs, last, history_bytes, renewed
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
         assert await streams_redis.lrange(JOB.history, 0, -1) == [
             e.payload for e in batch[-HISTORY_SIZE:]
@@ -366,12 +404,12 @@ class TestMarkersExpiry:
         assert await apply(store, [older]) == [NEW_APPLY]
         assert await streams_redis.get(JOB.state) == older.payload
         history = await streams_redis.lrange(JOB.history, 0, -1)
-        assert await streams_redis.hgetall(JOB.markers) == {
+        assert await markers_renewed_now(streams_redis) == {
             b"3": entry_id(3).encode(),
             b"last": b"3",
             b"history_bytes": str(sum(len(p) for p in history)).encode(),
         }
-        assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S
+        assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
 
 def sized(seq: int, size: int) -> EncodedEvent:

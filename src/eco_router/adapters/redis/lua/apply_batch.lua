@@ -2,8 +2,9 @@
 -- token still holds and whose read came in order.
 -- KEYS: the fencing epoch of each shard written, then each one's stream, then per job three
 --       keys: state, history, applied-markers hash (fields: seq -> id of the entry that
---       applied it, plus "last" -> newest applied seq and "history_bytes" -> the history's
---       total payload bytes).
+--       applied it, plus "last" -> newest applied seq, "history_bytes" -> the history's
+--       total payload bytes and "renewed" -> when the TTLs were last renewed, server time in
+--       seconds).
 -- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, the consumer group,
 --       number of shards, then per shard three values: its token, and where its read began
 --       (exclusive, "(<id>") and the consumer that read it, or two empty strings when there
@@ -17,13 +18,18 @@
 -- another consumer read, or a read whose reply was lost, comes before the read's first);
 -- and the 1-based indices of the fenced shards, then of the shards with such a gap.
 -- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
--- grow with the number of its events in the batch.
+-- grow with the number of its events in the batch. The history's and the markers' TTLs are
+-- renewed at most once per RENEW_EVERY seconds (and kept that much longer), not per batch:
+-- each lives at least its TTL after the job's last event, up to RENEW_EVERY longer.
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
 local history_max_bytes = tonumber(ARGV[4])
 local group = ARGV[5]
 local shards = tonumber(ARGV[6])
+local RENEW_EVERY = math.min(60, math.floor(tonumber(state_ttl) / 10))
+local history_ttl = tonumber(state_ttl) + RENEW_EVERY
+local kept_markers_ttl = tonumber(markers_ttl) + RENEW_EVERY
 local firsts_at = 6 + shards * 3
 local jobs_at = firsts_at + shards
 local events_at = jobs_at + (#KEYS - shards * 2) / 3 + 1
@@ -82,21 +88,30 @@ end
 
 local codes = {}
 
+local now
+-- The server's time in seconds, asked once per call.
+local function now_s()
+  if now == nil then
+    now = tonumber(redis.call('TIME')[1])
+  end
+  return now
+end
+
 -- Judge one job's events (in seq order) and apply the new ones with one call per command.
 local function apply_job(job, offsets)
   local base = shards * 2 + job * 3
   local markers = KEYS[base]
-  local fields = { 'last', 'history_bytes' }
+  local fields = { 'last', 'history_bytes', 'renewed' }
   for n, i in ipairs(offsets) do
-    fields[n + 2] = ARGV[i + 1]
+    fields[n + 3] = ARGV[i + 1]
   end
   local known = call_chunked('HMGET', markers, fields)
   local last = known[1] or '-1'
   local last_n = tonumber(last)
   local applied_by = {}
   for n, i in ipairs(offsets) do
-    if known[n + 2] then
-      applied_by[ARGV[i + 1]] = known[n + 2]
+    if known[n + 3] then
+      applied_by[ARGV[i + 1]] = known[n + 3]
     end
   end
 
@@ -132,7 +147,8 @@ local function apply_job(job, offsets)
       bytes = bytes + #payload
     end
     local length = call_chunked('RPUSH', history, payloads)
-    if length > #payloads then
+    local created = length == #payloads
+    if not created then
       if known[2] then
         bytes = bytes + tonumber(known[2])
       else
@@ -157,14 +173,26 @@ local function apply_job(job, offsets)
       bytes = bytes - #redis.call('LPOP', history)
       length = length - 1
     end
-    redis.call('EXPIRE', history, state_ttl)
+    local renewed = tonumber(known[3])
+    -- A clock that went back (a failover to a replica behind) renews too.
+    local due = renewed == nil or now_s() - renewed >= RENEW_EVERY or now_s() < renewed
+    if due or created then
+      -- A history RPUSH just created has no TTL yet, whenever the markers were renewed.
+      redis.call('EXPIRE', history, history_ttl)
+    end
     -- `last` stays the seq's own string: Lua would print a large number in exponent form.
     marks[#marks + 1] = 'last'
     marks[#marks + 1] = last
     marks[#marks + 1] = 'history_bytes'
     marks[#marks + 1] = bytes
+    if due then
+      marks[#marks + 1] = 'renewed'
+      marks[#marks + 1] = now_s()
+    end
     call_chunked('HSET', markers, marks)
-    redis.call('EXPIRE', markers, markers_ttl)
+    if due then
+      redis.call('EXPIRE', markers, kept_markers_ttl)
+    end
   end
 end
 
