@@ -34,9 +34,6 @@ from eco_router.domain.streams import StreamFamily, shard_of
 RawEntry = tuple[bytes | None, dict[bytes, bytes] | None]
 T = TypeVar("T")
 
-# A shard's look behind when none was made: nothing pending after the reader's position.
-_NOTHING_LOOKED_AT: list[Any] = [[]]
-
 # How many entries a wait for appends returns of each shard: it tells how far to move a wait's
 # mark when the entries after it were delivered to another consumer.
 WAIT_COUNT = 100
@@ -163,10 +160,8 @@ class RedisStreamEventSource(EventSource):
         read = replies[len(acked)]
         if isinstance(read, Exception):
             return None, refused
-        pending = (
-            await self._look_behind.found(replies[len(acked) + 1 :], after, together=True)
-            if look_behind
-            else _NOTHING_LOOKED_AT * len(after)
+        pending = await self._look_behind.found(
+            replies[len(acked) + 1 :], after, together=True, looked=look_behind
         )
         deliveries = [
             d for name, entries in _read_reply(read) for d in self._deliveries(name, entries)
@@ -313,10 +308,8 @@ class RedisStreamEventSource(EventSource):
         refused = _acks_refused(acked, replies[: len(acked)])
         replies = replies[len(acked) :]
         read_replies = len(after) if not together else 1
-        pending = (
-            await self._look_behind.found(replies[read_replies:], after, together=together)
-            if look_behind
-            else _NOTHING_LOOKED_AT * len(after)
+        pending = await self._look_behind.found(
+            replies[read_replies:], after, together=together, looked=look_behind
         )
         if not together:
             reads = [

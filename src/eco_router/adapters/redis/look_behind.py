@@ -45,9 +45,12 @@ class LookBehind:
             pipe.xpending_range(stream, self._group, min=f"({last}", max="+", count=1)
 
     async def found(
-        self, replies: list[Any], after: Mapping[str, str], *, together: bool
+        self, replies: list[Any], after: Mapping[str, str], *, together: bool, looked: bool = True
     ) -> list[Found]:
-        """Per shard of `after`, what the commands `queue` queued answered."""
+        """Per shard of `after`, what the commands `queue` queued answered; nothing pending
+        after any shard when none were queued (not `looked`)."""
+        if not looked:
+            return [[] for _ in after]
         if not (together and self._scripted):
             return replies
         reply = replies[0]
