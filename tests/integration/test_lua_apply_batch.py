@@ -12,6 +12,7 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.messages import EncodedEvent, ReadStart
 from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
+from eco_router.entrypoints.settings import Settings
 from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
@@ -321,6 +322,26 @@ class TestKeys:
         await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
+
+    async def test_with_the_default_ttls_the_renewal_window_is_a_minute(
+        self, streams_redis: Redis
+    ) -> None:
+        state_ttl_s = Settings.model_fields["state_ttl_s"].default
+        markers_ttl_s = Settings.model_fields["published_ttl_s"].default
+        store = RedisLuaStateStore(
+            streams_redis,
+            families=FAMILIES,
+            group=GROUP,
+            state_ttl_s=state_ttl_s,
+            markers_ttl_s=markers_ttl_s,
+            history_size=HISTORY_SIZE,
+        )
+        await streams_redis.set(EPOCH, 1)
+
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+
+        assert state_ttl_s < await streams_redis.ttl(JOB.history) <= state_ttl_s + 60
+        assert markers_ttl_s < await streams_redis.ttl(JOB.markers) <= markers_ttl_s + 60
 
     async def test_history_is_trimmed_to_the_newest_payloads_across_batches(
         self, store: RedisLuaStateStore, streams_redis: Redis

@@ -371,9 +371,8 @@ class ConsumeLoop:
                 self._owe_again(acks)
                 raise
             self._acked(acks)
-            read = streams_of(batch.deliveries)
-            self._busy = len(read) >= LOOK_BEHIND_AFTER_ENTRIES
-            self._held.picked_up(read)
+            self._busy = len(batch.deliveries) >= LOOK_BEHIND_AFTER_ENTRIES
+            self._held.picked_up(streams_of(batch.deliveries))
             # Entries come in id order per stream: the last one of each is the new position.
             last = {d.stream: d.entry_id for d in batch.deliveries}
             for stream, entry_id in last.items():

@@ -133,7 +133,12 @@ class InMemoryEventSource(EventSource):
         first = first_ids(deliveries)
         reading = {s: last for s, last in after.items() if s not in broken}
         gaps = frozenset(
-            s for s, last in reading.items() if look_behind and self._gap(s, last, first.get(s))
+            s
+            for s, last in reading.items()
+            if look_behind
+            and self.streams.gap_before(
+                s, self._group, after=last, first=first.get(s), consumer=self._consumer
+            )
         )
         return ReadBatch(
             deliveries,
@@ -143,11 +148,6 @@ class InMemoryEventSource(EventSource):
             regrouped,
             {} if look_behind else read_starts(self._consumer, reading, deliveries),
         )
-
-    def _gap(self, stream: str, last: str, first_read: str | None) -> bool:
-        """Whether the first entry pending after `last` is not this read's first one."""
-        found = self.streams.first_pending_after(stream, self._group, last)
-        return found is not None and found != (first_read, self._consumer)
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()

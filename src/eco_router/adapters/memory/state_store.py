@@ -85,10 +85,11 @@ class InMemoryStateStore(StateStore):
     def _gap(self, stream: str, start: ReadStart) -> bool:
         """Whether the first entry pending after the read's start is not the read's first."""
         try:
-            found = self._streams.first_pending_after(stream, self._group, start.after)
+            return self._streams.gap_before(
+                stream, self._group, after=start.after, first=start.first, consumer=start.consumer
+            )
         except (NoGroup, WrongType):
             return False
-        return found is not None and found != (start.first, start.consumer)
 
     def _append(self, job: _Job, payload: bytes) -> None:
         """Append, then drop the oldest beyond the count or the bytes; the newest stays."""

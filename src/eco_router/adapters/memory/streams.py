@@ -113,16 +113,18 @@ class InMemoryStreams:
     def pending(self, stream: str, group: str) -> dict[str, PendingEntry]:
         return dict(self._group(stream, group).pending)
 
-    def first_pending_after(self, stream: str, group: str, after: str) -> tuple[str, str] | None:
-        """XPENDING stream group (after + COUNT 1: the id and consumer of the first entry
-        pending after `after`, None when there is none."""
+    def gap_before(
+        self, stream: str, group: str, *, after: str, first: str | None, consumer: str
+    ) -> bool:
+        """Whether the first entry pending after `after` (XPENDING stream group (after + 1)
+        is not `first`, the first entry `consumer`'s read after `after` brought."""
         floor = StreamEntryId.parse(after)
         pending = self._group(stream, group).pending
         later = [i for i in pending if StreamEntryId.parse(i) > floor]
         if not later:
-            return None
+            return False
         lowest = min(later, key=StreamEntryId.parse)
-        return lowest, pending[lowest].consumer
+        return (lowest, pending[lowest].consumer) != (first, consumer)
 
     def last_delivered(self, stream: str, group: str) -> str:
         return str(self._group(stream, group).last_delivered)
