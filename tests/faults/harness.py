@@ -40,6 +40,7 @@ from eco_router.adapters.redis.publisher import script_arguments
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.topology import Standalone, parse_redis_url
+from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS
 from eco_router.domain.parsing import parse_entry
@@ -495,12 +496,8 @@ class Load:
         return finished and not self.errors
 
     async def aclose(self) -> None:
-        for task in [*self._tasks, self._watch]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._watch is not None:
-            await asyncio.gather(self._watch, return_exceptions=True)
+        # Sure to end: a task that drops its cancel (see cancel_and_wait) would wait forever.
+        await cancel_and_wait([t for t in [*self._tasks, self._watch] if t is not None])
         await close_client(self._redis, self._helpers)
 
     # -- internals --
@@ -686,8 +683,7 @@ class Viewer:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
 
     @property
     def duplicates(self) -> int:

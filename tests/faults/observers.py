@@ -21,6 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.streams import key_slot
 from eco_router.testing import ClusterGroup, SentinelGroup
 from tests.integration.support import CHANNEL_PREFIX, Received, eventually
@@ -92,9 +93,7 @@ class EveryNodeCollector(Collector):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
 
     def received_keys(self) -> set[tuple[str, int]]:
         return {(m.payload["job_id"], int(m.payload["seq"])) for m in self.messages}
