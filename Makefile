@@ -51,7 +51,7 @@ test: venv redis-server chromium prometheus lint
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy src
+	$(BIN)/mypy src bench
 	$(BIN)/lint-imports
 
 # The operator console at /console and the gateway's /metrics are on here (both are off by

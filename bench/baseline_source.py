@@ -1,7 +1,8 @@
 """The router's source at another commit, extracted outside the repository for a baseline run.
 
 `git archive <ref> src` is unpacked into a temporary directory; a router started with
-PYTHONPATH=<that directory>/src and this interpreter runs that commit's code with this
+PYTHONPATH=<that directory>/src and this interpreter (or another one, `python`, e.g. a venv of
+another Python version with the same dependencies) runs that commit's code with that
 environment's dependencies. The checkout's git metadata is left untouched.
 """
 
@@ -30,16 +31,20 @@ class BaselineUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class BaselineSource:
-    """A commit's `src/` unpacked at `src`, importable as `eco_router` from there."""
+    """A commit's `src/` unpacked at `src`, importable as `eco_router` from there, run by
+    the interpreter `python`."""
 
     ref: str
     commit: str
     subject: str
     src: Path
+    python: str = sys.executable
 
     @property
     def title(self) -> str:
-        return f"{self.commit} ({self.subject})"
+        if self.python == sys.executable:
+            return f"{self.commit} ({self.subject})"
+        return f"{self.commit} ({self.subject}) on {self.python}"
 
     def pythonpath(self) -> str:
         """PYTHONPATH for a process that must import this commit's `eco_router` first."""
@@ -48,11 +53,12 @@ class BaselineSource:
 
 
 @contextmanager
-def baseline_source(ref: str) -> Iterator[BaselineSource]:
-    """`ref`'s `src/` in a temporary directory, removed on the way out.
+def baseline_source(ref: str, python: str | None = None) -> Iterator[BaselineSource]:
+    """`ref`'s `src/` in a temporary directory, removed on the way out, to be run by `python`
+    (default: this interpreter).
 
     Raises `BaselineUnavailable` when git is missing, this is not a git checkout, the ref is
-    unknown, or the unpacked package does not import with this interpreter.
+    unknown, or the unpacked package does not import with that interpreter.
     """
     commit = _git("rev-parse", "--verify", "--short", f"{ref}^{{commit}}")
     subject = _git("log", "-1", "--format=%s", commit)
@@ -61,7 +67,7 @@ def baseline_source(ref: str) -> Iterator[BaselineSource]:
     try:
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(directory, filter="data")
-        source = BaselineSource(ref, commit, subject, directory / "src")
+        source = BaselineSource(ref, commit, subject, directory / "src", python or sys.executable)
         _check_imports(source)
         yield source
     finally:
@@ -71,7 +77,7 @@ def baseline_source(ref: str) -> Iterator[BaselineSource]:
 def _check_imports(source: BaselineSource) -> None:
     """The unpacked package, not the installed one, is what `python -m` would import."""
     probe = subprocess.run(
-        [sys.executable, "-c", "import eco_router.entrypoints.cli as m; print(m.__file__)"],
+        [source.python, "-c", "import eco_router.entrypoints.cli as m; print(m.__file__)"],
         env={**os.environ, "PYTHONPATH": source.pythonpath()},
         cwd=REPOSITORY_ROOT,
         capture_output=True,

@@ -104,7 +104,7 @@ class PlainBatchRouter:
                     raise
 
     def run(self) -> None:
-        streams = dict.fromkeys(self.shards, ">")
+        streams: dict[Any, Any] = dict.fromkeys(self.shards, ">")
         while not self.stopping:
             reply: Any = self.streams.xreadgroup(
                 self.group, self.consumer, streams, count=self.count, block=self.block_ms

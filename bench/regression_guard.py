@@ -97,7 +97,7 @@ def _ratios(now: Mapping[str, Any], recorded: Mapping[str, Any]) -> Iterator[Cha
 
 def _spread(column: Mapping[str, Any], runs: str | None) -> float:
     """Half the relative range of a column's rounds (0 without at least two)."""
-    values = [v for v in (column.get(runs) or []) if _usable(v)] if runs else []
+    values: list[float] = [v for v in (column.get(runs) or []) if _usable(v)] if runs else []
     if len(values) < 2:
         return 0.0
     middle = sorted(values)[(len(values) - 1) // 2]

@@ -587,7 +587,9 @@ def run(args: argparse.Namespace) -> Report:
             skipped = "--baseline-ref none"
         else:
             try:
-                baseline = stack.enter_context(baseline_source(args.baseline_ref))
+                baseline = stack.enter_context(
+                    baseline_source(args.baseline_ref, args.baseline_python)
+                )
             except BaselineUnavailable as reason:
                 skipped = f"{args.baseline_ref} unavailable: {reason}"
         if baseline is not None:
@@ -1281,6 +1283,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "the commit whose worker runs with its order check off and on "
             f"(default {DEFAULT_BASELINE_REF}); none skips those columns"
         ),
+    )
+    parser.add_argument(
+        "--baseline-python",
+        default=None,
+        help="the interpreter of the baseline worker (default this one), e.g. another venv's",
     )
     parser.add_argument(
         "--skip-baseline", action="store_true", help="skip the naive and READ_COUNT=1 runs"

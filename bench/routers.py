@@ -62,7 +62,7 @@ class Worker(RouterProcess):
         if source is None:
             command = eco_router_command("worker")
         else:
-            command = [sys.executable, "-m", "eco_router.entrypoints.cli", "worker"]
+            command = [source.python, "-m", "eco_router.entrypoints.cli", "worker"]
             env["PYTHONPATH"] = source.pythonpath()
         super().__init__(command, env=env, name=name)
 

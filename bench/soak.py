@@ -35,6 +35,8 @@ import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.sharedctypes
+import resource
+import signal
 import sys
 import time
 from collections import Counter
@@ -49,13 +51,14 @@ from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, step, write_json
+from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from bench.routers import Worker
 from bench.sse_bench import (
     DOMAIN,
     FD_HEADROOM,
     PRODUCER_MAX_IN_FLIGHT,
     SHARDS,
-    Gateway,
+    free_port,
     raise_fd_limit,
 )
 from eco_router.producer import connect_async, producer_config
@@ -252,6 +255,52 @@ def growth(samples: Sequence[Minute], window: int, key: str) -> float:
     """Relative RSS growth from `window` minutes before the end to the end."""
     start, end = getattr(samples[-1 - window], key), getattr(samples[-1], key)
     return float((end - start) / start)
+
+
+class Gateway(RouterProcess):
+    """`eco-router serve` (router and SSE gateway in one process) on a free loopback port."""
+
+    # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
+    clean_exits = (0, -signal.SIGTERM, -signal.SIGKILL)
+    stop_timeout_s = 15.0
+
+    def __init__(self, streams_url: str, pubsub_url: str, *, fd_limit: int) -> None:
+        self.port = free_port()
+        env = eco_router_env(
+            streams_url,
+            pubsub_url,
+            EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
+            EVENT_ROUTER_CONSUMER_NAME="soak-gateway",
+            EVENT_ROUTER_LOG_LEVEL="WARNING",
+            EVENT_ROUTER_GATEWAY_METRICS="true",
+        )
+        command = eco_router_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
+
+        def limit_fds() -> None:
+            # Inherited anyway; set explicitly so the gateway's limit does not depend on ours.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+        super().__init__(command, env=env, name="gateway", preexec_fn=limit_fds)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def http_url(self) -> str:
+        return self.base_url
+
+    def metrics(self) -> dict[str, float]:
+        """The gateway's own counters from /metrics (unlabelled sums), or {} if unreachable."""
+        text = self.http_get("/metrics", timeout=5)
+        if text is None:
+            return {}
+        figures: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("event_router_gateway_") and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                key = name.partition("{")[0]
+                figures[key] = figures.get(key, 0.0) + float(value)
+        return figures
 
 
 async def soak(

@@ -138,7 +138,7 @@ class Gateway(RouterProcess):
             )
         if column.source is not None:
             env["PYTHONPATH"] = column.source.pythonpath()
-            command = [sys.executable, "-m", "eco_router.entrypoints.cli", *command[1:]]
+            command = [column.source.python, "-m", "eco_router.entrypoints.cli", *command[1:]]
 
         def limit_fds() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (gateway_fds(fds), gateway_fds(fds)))
@@ -415,7 +415,9 @@ def run(args: argparse.Namespace) -> Report:
     with ExitStack() as stack:
         if args.baseline_ref:
             try:
-                source = stack.enter_context(baseline_source(args.baseline_ref))
+                source = stack.enter_context(
+                    baseline_source(args.baseline_ref, args.baseline_python)
+                )
                 columns.append(Column(f"baseline {source.commit}", source=source))
             except BaselineUnavailable as error:
                 print(f"baseline skipped: {error}")
@@ -510,6 +512,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="publishing time (default 15)")
     parser.add_argument(
         "--baseline-ref", default="main", help="commit for the baseline column ('' for none)"
+    )
+    parser.add_argument(
+        "--baseline-python",
+        default=None,
+        help="the interpreter of the baseline column (default this one), e.g. another venv's",
     )
     parser.add_argument(
         "--no-reference", dest="reference", action="store_false", help="skip the reference"

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 import orjson
 
@@ -84,8 +85,9 @@ class SseConnection(asyncio.Protocol):
         self._need_crlf = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        transport.write(self._request)
+        writable = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.transport = writable
+        writable.write(self._request)
 
     def data_received(self, data: bytes) -> None:
         if self.established.done() and not self._probe:
