@@ -198,3 +198,61 @@ class TestClosing:
 
         async with asyncio.timeout(5):
             assert await waiting == FeedClosed()
+
+
+class TestWritingThrough:
+    async def test_an_event_for_a_waiting_viewer_goes_to_the_handler_not_the_queue(self) -> None:
+        written: list[GatewayEvent] = []
+        queue = ViewerQueue(maxsize=3)
+        queue.write_through = lambda event: written.append(event) is None
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+
+        queue.put(running(1))
+
+        assert written == [running(1)]
+        assert len(queue) == 0
+        assert not waiting.done()
+        waiting.cancel()
+
+    async def test_a_viewer_woken_but_not_yet_running_gets_later_events_queued_behind(
+        self,
+    ) -> None:
+        written: list[GatewayEvent] = []
+        queue = ViewerQueue(maxsize=3)
+        queue.write_through = lambda event: written.append(event) is None
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+
+        queue.mark_gap("pubsub_reconnect")
+        queue.put(running(1))
+
+        assert written == []
+        async with asyncio.timeout(5):
+            assert await waiting == FeedGap("pubsub_reconnect")
+        assert await drain(queue) == [running(1)]
+
+    async def test_a_viewer_that_stopped_waiting_gets_its_events_queued(self) -> None:
+        written: list[GatewayEvent] = []
+        queue = ViewerQueue(maxsize=3)
+        queue.write_through = lambda event: written.append(event) is None
+        waiting = asyncio.create_task(queue.get(30))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.wait([waiting])
+
+        queue.put(running(1))
+
+        assert written == []
+        assert await drain(queue) == [running(1)]
+
+    async def test_a_queue_emptied_and_filled_again_keeps_the_order(self) -> None:
+        queue = ViewerQueue(maxsize=3)
+        queue.put(running(1))
+        assert await drain(queue) == [running(1)]
+
+        for seq in (2, 3):
+            queue.put(running(seq))
+        queue.put(done(4))
+
+        assert await drain(queue) == [running(2), running(3), done(4)]

@@ -30,13 +30,17 @@ class ViewerBuffer:
     def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
             raise ValueError("a viewer buffer holds at least one event")
-        self._events: deque[GatewayEvent] = deque()
+        # Made when an event waits and dropped once it is empty again: most viewers are
+        # written to straight from the fan-out, and an empty deque costs 760 bytes, on
+        # each of thousands of connections.
+        self._events: deque[GatewayEvent] | None = None
         self._terminal: GatewayEvent | None = None
         self._maxsize = maxsize
         self.gap = False
 
     def __len__(self) -> int:
-        return len(self._events) + (self._terminal is not None)
+        waiting = len(self._events) if self._events is not None else 0
+        return waiting + (self._terminal is not None)
 
     def put(self, event: GatewayEvent) -> int:
         """Queue `event`; returns how many events were dropped for it (0 or 1)."""
@@ -46,10 +50,12 @@ class ViewerBuffer:
                 return self._dropped()
             self._terminal = event
             if len(self) > self._maxsize:
-                self._events.popleft()
+                self._pop_event()
                 return self._dropped()
             return 0
         if len(self) < self._maxsize:
+            if self._events is None:
+                self._events = deque()
             self._events.append(event)
             return 0
         if self._events:
@@ -59,9 +65,17 @@ class ViewerBuffer:
 
     def pop(self) -> GatewayEvent | None:
         if self._events:
-            return self._events.popleft()
+            return self._pop_event()
         terminal, self._terminal = self._terminal, None
         return terminal
+
+    def _pop_event(self) -> GatewayEvent:
+        events = self._events
+        assert events
+        event = events.popleft()
+        if not events:
+            self._events = None
+        return event
 
     def _dropped(self) -> int:
         self.gap = True
@@ -73,13 +87,16 @@ class ViewerQueue:
     `FeedGap` (so it catches up from the history); so does `mark_gap`. Once closed, the
     events still queued are read, then `FeedClosed`."""
 
+    __slots__ = ("_buffer", "_closed", "_gap", "_on_drop", "_waiter", "write_through")
+
     def __init__(self, *, maxsize: int, on_drop: Callable[[int], None] | None = None) -> None:
         self._buffer = ViewerBuffer(maxsize)
         self._gap: str | None = None
         self._closed = False
-        self._ready = asyncio.Event()
+        # Only while the viewer waits: a future then, not an `asyncio.Event` for the life
+        # of the connection (with its dict and its waiters' deque, about 1 KiB).
+        self._waiter: asyncio.Future[None] | None = None
         self._on_drop = on_drop
-        self._waiting = False
         self.write_through: Callable[[GatewayEvent], bool] | None = None
 
     def __len__(self) -> int:
@@ -87,7 +104,7 @@ class ViewerQueue:
 
     def put(self, event: GatewayEvent) -> None:
         if (
-            self._waiting
+            self._waiter is not None
             and self.write_through is not None
             and self._gap is None
             and not len(self._buffer)
@@ -100,16 +117,16 @@ class ViewerQueue:
                 self._gap = SLOW_CLIENT
             if self._on_drop is not None:
                 self._on_drop(dropped)
-        self._ready.set()
+        self._wake()
 
     def mark_gap(self, reason: str) -> None:
         """Events may have been lost upstream (e.g. the Pub/Sub connection dropped)."""
         self._gap = reason
-        self._ready.set()
+        self._wake()
 
     def close(self) -> None:
         self._closed = True
-        self._ready.set()
+        self._wake()
 
     def get_nowait(self) -> GatewayEvent | None:
         """The next queued event, unless a gap notice comes first (then None)."""
@@ -119,14 +136,13 @@ class ViewerQueue:
 
     async def get(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         if not len(self._buffer) and self._gap is None and not self._closed:
-            self._ready.clear()
-            self._waiting = True
+            self._waiter = asyncio.get_running_loop().create_future()
             try:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout_s):
-                        await self._ready.wait()
+                        await self._waiter
             finally:
-                self._waiting = False
+                self._waiter = None
         if self._gap is not None:
             reason, self._gap = self._gap, None
             self._buffer.gap = False
@@ -135,3 +151,8 @@ class ViewerQueue:
         if event is not None:
             return event
         return FeedClosed() if self._closed else None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -340,6 +340,9 @@ class FrameWriter(Protocol):
 class FeedSubscription(Protocol):
     """One viewer's live events of one job, in publish order."""
 
+    # An implementation may keep its instances dict-free: one is held per open stream.
+    __slots__ = ()
+
     async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         """The next event, a gap notice, or None when `timeout_s` passes first; once the feed
         is closed and the events already received are taken, `FeedClosed`."""

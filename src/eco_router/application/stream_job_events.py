@@ -265,6 +265,8 @@ class JobStream:
     whether or not the frames were ever iterated.
     """
 
+    __slots__ = ("_frames", "_metrics", "_released", "_subscription", "reason", "writer")
+
     def __init__(
         self,
         subscription: FeedSubscription,
@@ -299,18 +301,24 @@ class JobStream:
 class _Cursor:
     """The last seq sent on this connection, what it sent, and how the stream ended."""
 
+    __slots__ = ("_resumed_after", "_sent", "ended", "last_sent", "last_write")
+
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
         self.last_write = 0.0
         self._resumed_after = last_event_id
-        self._sent: set[int] = set()
+        # Made at the first event sent: many streams wait long before theirs.
+        self._sent: set[int] | None = None
 
     def take(self, event: GatewayEvent) -> bool:
         if self.last_sent is not None and event.seq <= self.last_sent:
             return False
         self.last_sent = event.seq
-        self._sent.add(event.seq)
+        if self._sent is None:
+            self._sent = {event.seq}
+        else:
+            self._sent.add(event.seq)
         if event.terminal:
             self.ended = _end_reason(event)
         return True
@@ -318,4 +326,4 @@ class _Cursor:
     def overtaken(self, event: GatewayEvent) -> bool:
         """A refused event this client never got, from after its resume point: it missed it."""
         after_resume = self._resumed_after is None or event.seq > self._resumed_after
-        return after_resume and event.seq not in self._sent
+        return after_resume and (self._sent is None or event.seq not in self._sent)

@@ -16,6 +16,8 @@ from eco_router.domain.sse import GatewayEvent
 class Viewer(FeedSubscription):
     """One SSE stream's subscription: its channel, domain and bounded queue."""
 
+    __slots__ = ("_leave", "channel", "domain", "queue")
+
     def __init__(
         self,
         leave: Callable[[Viewer], Awaitable[None]],

@@ -41,18 +41,22 @@ class JobEventsFastPath:
         if found is None:
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
-        try:
-            last_event_id = request.query_params.get("last_event_id")
-            response = await open_job_events(
-                request, found["domain"], found["job_id"], last_event_id
-            )
-        except Exception as error:
-            handler = _handler_for(request.app.exception_handlers, error)
-            if handler is None:
-                raise
-            response = await handler(request, error)
+        response = await _respond(scope, receive, found["domain"], found["job_id"])
         await response(scope, receive, send)
+
+
+async def _respond(scope: Scope, receive: Receive, domain: str, job_id: str) -> Response:
+    """The stream's response, or the error's. Made here so that the request and what it
+    parsed (headers, query, cookies) are not kept for the life of the stream."""
+    request = Request(scope, receive)
+    try:
+        last_event_id = request.query_params.get("last_event_id")
+        return await open_job_events(request, domain, job_id, last_event_id)
+    except Exception as error:
+        handler = _handler_for(request.app.exception_handlers, error)
+        if handler is None:
+            raise
+        return await handler(request, error)
 
 
 def _handler_for(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
@@ -21,6 +21,16 @@ JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")
 MAX_SEQ = 2**63 - 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+SSE_MEDIA_TYPE = "text/event-stream"
+# Encoded once: Starlette would encode them again for each response, which keeps its own
+# copies for the life of the stream.
+SSE_RAW_HEADERS = (
+    *(
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in SSE_HEADERS.items()
+    ),
+    (b"content-type", f"{SSE_MEDIA_TYPE}; charset=utf-8".encode("latin-1")),
+)
 
 
 async def job_event_stream(
@@ -88,9 +98,13 @@ class ClosingStreamingResponse(StreamingResponse):
     def __init__(
         self, frames: AsyncIterable[bytes], *, close: Callable[[], Awaitable[None]]
     ) -> None:
-        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+        super().__init__(frames, media_type=SSE_MEDIA_TYPE)
         self._close = close
         self._disconnected = False
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        # A list of its own: middlewares (CORS) add to a response's headers in place.
+        self.raw_headers = list(SSE_RAW_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
