@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -18,20 +19,50 @@ def http_chunk(frame: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(frame), frame)
 
 
-class TransportFrameWriter(FrameWriter):
-    """Writes chunks of a chunked HTTP/1.1 response on the connection's transport.
+class WriteBatch:
+    """The connections written to during one turn of the event loop, each sent what it was
+    given in one write when the turn ends.
 
-    The response's own writes (headers, the replay, the end) go through uvicorn as usual;
-    these chunks only go out between them, which `writable` ensures: the response has
-    started and not completed, and the connection is open and not paused for writing.
+    A connection costs a system call per write, which bounds how many frames one process
+    delivers. With one event per turn that is still one write per frame, sent within the
+    turn; when the process falls behind, the turn takes in every Pub/Sub message that came
+    meanwhile, so each viewer gets all of them in one write: batches grow with the load.
     """
 
-    __slots__ = ("_cycle", "_flow", "_transport")
+    __slots__ = ("_waiting",)
 
-    def __init__(self, cycle: Any, transport: Any, flow: Any) -> None:
+    def __init__(self) -> None:
+        self._waiting: list[TransportFrameWriter] = []
+
+    def add(self, writer: TransportFrameWriter) -> None:
+        if not self._waiting:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._waiting.append(writer)
+
+    def flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for writer in waiting:
+            writer.flush()
+
+
+class TransportFrameWriter(FrameWriter):
+    """Writes chunks of a chunked HTTP/1.1 response on the connection's transport, at the
+    end of the event loop's turn (`WriteBatch`).
+
+    The response's own writes (headers, the replay, the end) go through uvicorn as usual;
+    these chunks only go out between them: `writable` ensures that the response has started
+    and not completed, and that the connection is open and not paused for writing, and the
+    response calls `flush` before each of its own writes, so nothing overtakes a chunk.
+    """
+
+    __slots__ = ("_batch", "_cycle", "_flow", "_pending", "_transport")
+
+    def __init__(self, cycle: Any, transport: Any, flow: Any, batch: WriteBatch) -> None:
         self._cycle = cycle
         self._transport = transport
         self._flow = flow
+        self._batch = batch
+        self._pending: list[bytes] | None = None
 
     def writable(self) -> bool:
         cycle = self._cycle
@@ -44,4 +75,16 @@ class TransportFrameWriter(FrameWriter):
         )
 
     def write(self, frame: bytes) -> None:
-        self._transport.write(http_chunk(frame))
+        chunk = http_chunk(frame)
+        if self._pending is None:
+            self._pending = [chunk]
+            self._batch.add(self)
+        else:
+            self._pending.append(chunk)
+
+    def flush(self) -> None:
+        """Send what was written since the last flush, unless the connection is gone."""
+        pending, self._pending = self._pending, None
+        if pending is None or self._transport.is_closing():
+            return
+        self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))

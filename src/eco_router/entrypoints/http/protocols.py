@@ -13,7 +13,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
+from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,21 @@ def _dropped(connections: set[Any], drop_above: int | None, transport: asyncio.T
     return False
 
 
-def _offer_frame_writer(cycle: Any, transport: asyncio.Transport, flow: Any) -> None:
+def _offer_frame_writer(
+    cycle: Any, transport: asyncio.Transport, flow: Any, batch: WriteBatch
+) -> None:
     """A new request's task is created, not yet run: its scope can still take an extension.
     Only a chunked response (a GET over HTTP/1.1) can take raw chunks."""
     scope = cycle.scope
     if scope["method"] == "GET" and scope["http_version"] == "1.1":
         extensions: dict[str, object] = scope.setdefault("extensions", {})
-        extensions[FRAME_WRITER] = TransportFrameWriter(cycle, transport, flow)
+        extensions[FRAME_WRITER] = TransportFrameWriter(cycle, transport, flow, batch)
+
+
+def _write_batch(config: uvicorn.Config) -> WriteBatch:
+    """The server's one batch (`GatewayConfig`), or one of the connection's own."""
+    batch = getattr(config, "write_batch", None)
+    return batch if isinstance(batch, WriteBatch) else WriteBatch()
 
 
 def _close_late(transport: asyncio.Transport) -> None:
@@ -82,6 +90,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         timeout_s = float(getattr(config, "header_timeout_s", 10.0))
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
+        self._write_batch = _write_batch(config)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -96,7 +105,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE:
             self._deadline.disarm()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow)
+            _offer_frame_writer(self.cycle, self.transport, self.flow, self._write_batch)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()
@@ -115,6 +124,7 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         timeout_s = float(getattr(config, "header_timeout_s", 10.0))
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
+        self._write_batch = _write_batch(config)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -130,7 +140,7 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         cycle = self.cycle
         super().on_headers_complete()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow)
+            _offer_frame_writer(self.cycle, self.transport, self.flow, self._write_batch)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()

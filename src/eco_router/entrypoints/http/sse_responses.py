@@ -8,12 +8,12 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from eco_router.application.ports import Authorizer
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
-from eco_router.entrypoints.http.frame_writer import FRAME_WRITER
+from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
 
 JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 # A seq is at most a signed 64-bit integer; longer ids are not ours (and `int()` of thousands
@@ -66,7 +66,8 @@ async def job_event_stream(
     except BaseException:
         client_streams.release(client)
         raise
-    opened.writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
+    writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
+    opened.writer = writer
 
     async def close() -> None:
         try:
@@ -74,7 +75,7 @@ async def job_event_stream(
         finally:
             client_streams.release(client)
 
-    return ClosingStreamingResponse(opened, close=close)
+    return ClosingStreamingResponse(opened, close=close, writer=writer)
 
 
 def resume_point(value: str | None) -> int | None:
@@ -96,11 +97,16 @@ class ClosingStreamingResponse(StreamingResponse):
     """
 
     def __init__(
-        self, frames: AsyncIterable[bytes], *, close: Callable[[], Awaitable[None]]
+        self,
+        frames: AsyncIterable[bytes],
+        *,
+        close: Callable[[], Awaitable[None]],
+        writer: TransportFrameWriter | None = None,
     ) -> None:
         super().__init__(frames, media_type=SSE_MEDIA_TYPE)
         self._close = close
         self._disconnected = False
+        self._writer = writer
 
     def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
         # A list of its own: middlewares (CORS) add to a response's headers in place.
@@ -110,6 +116,8 @@ class ClosingStreamingResponse(StreamingResponse):
         task = asyncio.current_task()
         assert task is not None
         watcher = asyncio.create_task(self._watch(receive, task))
+        if self._writer is not None:
+            send = _flushing_first(self._writer, send)
         try:
             try:
                 await self.stream_response(send)
@@ -130,6 +138,16 @@ class ClosingStreamingResponse(StreamingResponse):
             pass
         self._disconnected = True
         stream.cancel()
+
+
+def _flushing_first(writer: TransportFrameWriter, send: Send) -> Send:
+    """`send`, after the live frames the writer still holds: they came first."""
+
+    async def flushed_send(message: Message) -> None:
+        writer.flush()
+        await send(message)
+
+    return flushed_send
 
 
 def bearer_token(request: Request, cookie: str) -> str | None:
