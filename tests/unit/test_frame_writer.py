@@ -1,5 +1,5 @@
-"""Live frames written straight to a connection: one write per connection per loop turn, and
-never overtaken by the response's own writes."""
+"""Live frames written straight to a connection: one write per connection per loop turn,
+never overtaken by the response's own writes, and keepalives when nothing else went out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,14 @@ from dataclasses import dataclass, field
 
 from starlette.types import Message
 
-from eco_router.entrypoints.http.frame_writer import TransportFrameWriter, WriteBatch, http_chunk
+from eco_router.entrypoints.http.frame_writer import (
+    ConnectionWrites,
+    TransportFrameWriter,
+    http_chunk,
+)
+from eco_router.entrypoints.http.keepalives import Keepalives
 from eco_router.entrypoints.http.sse_responses import ClosingStreamingResponse
+from tests.unit.factories import eventually
 
 
 @dataclass
@@ -45,8 +51,10 @@ class Flow:
     write_paused: bool = False
 
 
-def writer_on(wire: Wire, batch: WriteBatch) -> TransportFrameWriter:
-    return TransportFrameWriter(Cycle(), wire, Flow(), batch)
+def writer_on(
+    wire: Wire, writes: ConnectionWrites, *, flow: Flow | None = None
+) -> TransportFrameWriter:
+    return TransportFrameWriter(Cycle(), wire, flow or Flow(), writes)
 
 
 async def next_turn() -> None:
@@ -56,7 +64,7 @@ async def next_turn() -> None:
 class TestOneWritePerTurn:
     async def test_frames_written_in_one_turn_go_out_together_at_its_end(self) -> None:
         wire = Wire()
-        writer = writer_on(wire, WriteBatch())
+        writer = writer_on(wire, ConnectionWrites())
 
         writer.write(b"data: 1\n\n")
         writer.write(b"data: 2\n\n")
@@ -66,9 +74,9 @@ class TestOneWritePerTurn:
         assert wire.log == [http_chunk(b"data: 1\n\n") + http_chunk(b"data: 2\n\n")]
 
     async def test_each_connection_gets_its_own_frames_once(self) -> None:
-        batch = WriteBatch()
+        writes = ConnectionWrites()
         first, second = Wire(), Wire()
-        to_first, to_second = writer_on(first, batch), writer_on(second, batch)
+        to_first, to_second = writer_on(first, writes), writer_on(second, writes)
 
         to_first.write(b"data: a\n\n")
         to_second.write(b"data: b\n\n")
@@ -81,7 +89,7 @@ class TestOneWritePerTurn:
 
     async def test_a_connection_gone_before_the_turn_ends_is_sent_nothing(self) -> None:
         wire = Wire()
-        writer = writer_on(wire, WriteBatch())
+        writer = writer_on(wire, ConnectionWrites())
 
         writer.write(b"data: 1\n\n")
         wire.closing = True
@@ -95,7 +103,7 @@ class TestOrderWithTheResponse:
         self,
     ) -> None:
         wire = Wire()
-        writer = writer_on(wire, WriteBatch())
+        writer = writer_on(wire, ConnectionWrites())
 
         async def frames() -> AsyncIterator[bytes]:
             writer.write(b"id: 1\ndata: live\n\n")
@@ -116,3 +124,109 @@ class TestOrderWithTheResponse:
             http_chunk(b"id: 1\ndata: live\n\n"),
             http_chunk(b"id: 2\nevent: done\n\n"),
         ]
+
+
+KEEPALIVE = b":\n\n"
+TICK = Keepalives.TICK_S
+
+
+class TestKeepalives:
+    """The sweep looks at a connection within a tick after it is due: the tests sweep just
+    before a due time and a tick after it."""
+
+    async def test_a_connection_idle_for_the_period_gets_the_keepalive(self) -> None:
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        writes.keepalives.sweep(start + 14.9)
+        await next_turn()
+        assert wire.log == []
+        writes.keepalives.sweep(start + 15 + TICK)
+        await next_turn()
+
+        assert wire.log == [http_chunk(KEEPALIVE)]
+        writer.stop_keepalive()
+
+    async def test_a_write_puts_off_the_keepalive_by_a_whole_period(self) -> None:
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        writer.write(b"data: 1\n\n")
+        writer.send(start + 10)
+        writes.keepalives.sweep(start + 15 + TICK)
+        writes.keepalives.sweep(start + 24.9)
+        await next_turn()
+        assert wire.log == [http_chunk(b"data: 1\n\n")]
+        writes.keepalives.sweep(start + 25 + TICK)
+        await next_turn()
+
+        assert wire.log == [http_chunk(b"data: 1\n\n"), http_chunk(KEEPALIVE)]
+        writer.stop_keepalive()
+
+    async def test_the_responses_own_write_puts_off_the_keepalive_too(self) -> None:
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        # The response's own write comes more than a tick later (the loop's real time).
+        await asyncio.sleep(TICK + 0.1)
+        writer.flush()
+        writes.keepalives.sweep(start + 15 + TICK)
+
+        await next_turn()
+        assert wire.log == []
+        writer.stop_keepalive()
+
+    async def test_keepalives_go_on_every_period_while_nothing_else_is_written(self) -> None:
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        for period in (1, 2, 3):
+            writes.keepalives.sweep(start + 15 * period + TICK * period)
+            await next_turn()
+
+        assert wire.log == [http_chunk(KEEPALIVE)] * 3
+        writer.stop_keepalive()
+
+    async def test_a_paused_connection_gets_no_keepalive(self) -> None:
+        wire, writes, flow = Wire(), ConnectionWrites(), Flow(write_paused=True)
+        writer = writer_on(wire, writes, flow=flow)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        writes.keepalives.sweep(start + 60)
+        await next_turn()
+
+        assert wire.log == []
+        writer.stop_keepalive()
+
+    async def test_a_stopped_stream_gets_no_keepalive_and_leaves_the_sweep(self) -> None:
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(15, KEEPALIVE)
+        start = asyncio.get_running_loop().time()
+
+        writer.stop_keepalive()
+        writes.keepalives.sweep(start + 60)
+        await next_turn()
+
+        assert wire.log == []
+        assert len(writes.keepalives) == 0
+
+    async def test_the_sweep_runs_by_itself(self) -> None:
+        # A short period only makes the test quick: the sweep runs at a quarter of it.
+        wire, writes = Wire(), ConnectionWrites()
+        writer = writer_on(wire, writes)
+        writer.keep_alive(0.04, KEEPALIVE)
+
+        await eventually(lambda: len(wire.log) >= 2)
+
+        assert set(wire.log) == {http_chunk(KEEPALIVE)}
+        writer.stop_keepalive()

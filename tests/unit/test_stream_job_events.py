@@ -569,6 +569,20 @@ class TestTimers:
         assert feed.subscription.closed
         assert gateway.metrics.closed == Counter({"timeout": 1})
 
+    async def test_a_stream_with_a_writer_leaves_its_keepalives_to_the_writer(self) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=60)
+        await gateway.produce("job-1", 1)
+        opened = await gateway.stream.open("scan", "job-1", 1)
+        writer = opened.writer = RecordingWriter()
+
+        frames = describe([frame async for frame in opened])
+
+        assert frames == ["error:timeout"]
+        assert writer.keepalive == (15, KEEPALIVE_FRAME)
+        assert writer.keepalive_stopped
+        assert gateway.h.clock.monotonic() == 60
+        assert feed.subscription.closed
+
     async def test_the_timeout_error_frame_is_exact(self) -> None:
         gateway, _ = await scripted_gateway(keepalive_s=100, max_wait_s=30)
 
@@ -804,12 +818,20 @@ class RecordingWriter(FrameWriter):
     def __init__(self, *, writable: bool = True) -> None:
         self.frames: list[bytes] = []
         self.open = writable
+        self.keepalive: tuple[float, bytes] | None = None
+        self.keepalive_stopped = False
 
     def writable(self) -> bool:
         return self.open
 
     def write(self, frame: bytes) -> None:
         self.frames.append(frame)
+
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        self.keepalive = (every_s, frame)
+
+    def stop_keepalive(self) -> None:
+        self.keepalive_stopped = True
 
 
 class TestWriteThrough:

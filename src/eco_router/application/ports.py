@@ -335,6 +335,15 @@ class FrameWriter(Protocol):
         """Queue one or more whole SSE frames on the connection; never blocks or raises."""
         ...
 
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        """From now on, write `frame` whenever nothing went to the connection for `every_s`
+        (or a little longer: idleness is checked periodically), without the stream's task."""
+        ...
+
+    def stop_keepalive(self) -> None:
+        """No more keepalives: the stream is over."""
+        ...
+
 
 @runtime_checkable
 class FeedSubscription(Protocol):

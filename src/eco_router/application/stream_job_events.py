@@ -145,6 +145,7 @@ class StreamJobEvents:
         cursor: _Cursor,
         replay: list[bytes],
     ) -> AsyncGenerator[bytes]:
+        writer = stream.writer
         try:
             if replay:
                 yield b"".join(replay)
@@ -152,23 +153,27 @@ class StreamJobEvents:
                 stream.reason = cursor.ended
                 return
             started = last_write = self._clock.monotonic()
-            if stream.writer is not None:
-                writer = stream.writer
+            if writer is not None:
                 subscription.write_through(lambda event: self._write_through(event, cursor, writer))
+                # The connection keeps itself alive: on thousands of idle streams, a wake-up
+                # of each one's task per keepalive was most of the gateway's idle CPU.
+                writer.keep_alive(self._limits.keepalive_s, KEEPALIVE_FRAME)
             while True:
                 now = self._clock.monotonic()
-                last_write = max(last_write, cursor.last_write)
                 wait_left = started + self._limits.max_wait_s - now
                 if wait_left <= 0:
                     yield error_frame("timeout")
                     stream.reason = "timeout"
                     return
-                keepalive_left = last_write + self._limits.keepalive_s - now
-                if keepalive_left <= 0:
-                    yield KEEPALIVE_FRAME
-                    last_write = now
-                    continue
-                item = await subscription.next(min(wait_left, keepalive_left))
+                wait = wait_left
+                if writer is None:
+                    keepalive_left = last_write + self._limits.keepalive_s - now
+                    if keepalive_left <= 0:
+                        yield KEEPALIVE_FRAME
+                        last_write = now
+                        continue
+                    wait = min(wait_left, keepalive_left)
+                item = await subscription.next(wait)
                 if item is None:
                     continue
                 if isinstance(item, FeedClosed):
@@ -194,6 +199,8 @@ class StreamJobEvents:
             stream.reason = "error"
         finally:
             subscription.write_through(None)
+            if writer is not None:
+                writer.stop_keepalive()
             await stream.release()
 
     async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
@@ -234,7 +241,6 @@ class StreamJobEvents:
         frames = self._live(event, cursor)
         if frames:
             writer.write(frames[0])
-            cursor.last_write = self._clock.monotonic()
         return True
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
@@ -301,12 +307,11 @@ class JobStream:
 class _Cursor:
     """The last seq sent on this connection, what it sent, and how the stream ended."""
 
-    __slots__ = ("_resumed_after", "_sent", "ended", "last_sent", "last_write")
+    __slots__ = ("_resumed_after", "_sent", "ended", "last_sent")
 
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
-        self.last_write = 0.0
         self._resumed_after = last_event_id
         # Made at the first event sent: many streams wait long before theirs.
         self._sent: set[int] | None = None

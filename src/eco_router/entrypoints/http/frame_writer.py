@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from eco_router.application.ports import FrameWriter
+from eco_router.entrypoints.http.keepalives import Keepalives
 
 # The scope extension under which the server hands a request its writer.
 FRAME_WRITER = "eco_router.frame_writer"
@@ -17,6 +18,17 @@ def http_chunk(frame: bytes) -> bytes:
     """`frame` as one HTTP/1.1 chunk: built once per event, the same bytes for every viewer
     (a bytes object caches its hash, so the lookup costs one comparison by identity)."""
     return b"%x\r\n%s\r\n" % (len(frame), frame)
+
+
+class ConnectionWrites:
+    """What a server's connections share for their direct writes: the batch of the loop's
+    turn and the keepalive sweep."""
+
+    __slots__ = ("batch", "keepalives")
+
+    def __init__(self) -> None:
+        self.batch = WriteBatch()
+        self.keepalives = Keepalives()
 
 
 class WriteBatch:
@@ -41,8 +53,9 @@ class WriteBatch:
 
     def flush(self) -> None:
         waiting, self._waiting = self._waiting, []
+        now = asyncio.get_running_loop().time()
         for writer in waiting:
-            writer.flush()
+            writer.send(now)
 
 
 class TransportFrameWriter(FrameWriter):
@@ -55,14 +68,29 @@ class TransportFrameWriter(FrameWriter):
     response calls `flush` before each of its own writes, so nothing overtakes a chunk.
     """
 
-    __slots__ = ("_batch", "_cycle", "_flow", "_pending", "_transport")
+    __slots__ = (
+        "_batch",
+        "_cycle",
+        "_flow",
+        "_keepalive",
+        "_keepalive_tick",
+        "_keepalives",
+        "_last_write",
+        "_pending",
+        "_transport",
+    )
 
-    def __init__(self, cycle: Any, transport: Any, flow: Any, batch: WriteBatch) -> None:
+    def __init__(self, cycle: Any, transport: Any, flow: Any, writes: ConnectionWrites) -> None:
         self._cycle = cycle
         self._transport = transport
         self._flow = flow
-        self._batch = batch
+        self._batch = writes.batch
+        self._keepalives = writes.keepalives
         self._pending: list[bytes] | None = None
+        # (period, frame) once the stream asked for keepalives, and its tick in the sweep.
+        self._keepalive: tuple[float, bytes] | None = None
+        self._keepalive_tick = 0
+        self._last_write = 0.0
 
     def writable(self) -> bool:
         cycle = self._cycle
@@ -83,8 +111,40 @@ class TransportFrameWriter(FrameWriter):
             self._pending.append(chunk)
 
     def flush(self) -> None:
-        """Send what was written since the last flush, unless the connection is gone."""
+        """Before each of the response's own writes (which count as a write too): what was
+        written here before goes first."""
+        self._last_write = asyncio.get_running_loop().time()
+        self.send(self._last_write)
+
+    def send(self, now: float) -> None:
+        """Send what was written since the last send, unless the connection is gone; `now`
+        is the loop's time."""
         pending, self._pending = self._pending, None
-        if pending is None or self._transport.is_closing():
+        if pending is None:
             return
-        self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        self._last_write = now
+        if not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        self._keepalive = (every_s, frame)
+        self._last_write = asyncio.get_running_loop().time()
+        self._keepalive_tick = self._keepalives.file(self, self._last_write + every_s, every_s)
+
+    def stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive = None
+            self._keepalives.discard(self, self._keepalive_tick)
+
+    def keep_alive_at(self, now: float) -> None:
+        """The sweep's look, once due: idle for the whole period, the keepalive is written
+        (unless the connection cannot take it now); then filed for the next one."""
+        if self._keepalive is None:
+            return
+        every_s, frame = self._keepalive
+        due = self._last_write + every_s
+        if now >= due:
+            if self.writable():
+                self.write(frame)
+            due = now + every_s
+        self._keepalive_tick = self._keepalives.file(self, due, every_s)

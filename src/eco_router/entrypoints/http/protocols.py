@@ -13,7 +13,11 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter, WriteBatch
+from eco_router.entrypoints.http.frame_writer import (
+    FRAME_WRITER,
+    ConnectionWrites,
+    TransportFrameWriter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +64,20 @@ def _dropped(connections: set[Any], drop_above: int | None, transport: asyncio.T
 
 
 def _offer_frame_writer(
-    cycle: Any, transport: asyncio.Transport, flow: Any, batch: WriteBatch
+    cycle: Any, transport: asyncio.Transport, flow: Any, writes: ConnectionWrites
 ) -> None:
     """A new request's task is created, not yet run: its scope can still take an extension.
     Only a chunked response (a GET over HTTP/1.1) can take raw chunks."""
     scope = cycle.scope
     if scope["method"] == "GET" and scope["http_version"] == "1.1":
         extensions: dict[str, object] = scope.setdefault("extensions", {})
-        extensions[FRAME_WRITER] = TransportFrameWriter(cycle, transport, flow, batch)
+        extensions[FRAME_WRITER] = TransportFrameWriter(cycle, transport, flow, writes)
 
 
-def _write_batch(config: uvicorn.Config) -> WriteBatch:
-    """The server's one batch (`GatewayConfig`), or one of the connection's own."""
-    batch = getattr(config, "write_batch", None)
-    return batch if isinstance(batch, WriteBatch) else WriteBatch()
+def _connection_writes(config: uvicorn.Config) -> ConnectionWrites:
+    """The server's (`GatewayConfig`), or the connection's own."""
+    writes = getattr(config, "connection_writes", None)
+    return writes if isinstance(writes, ConnectionWrites) else ConnectionWrites()
 
 
 def _close_late(transport: asyncio.Transport) -> None:
@@ -90,7 +94,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         timeout_s = float(getattr(config, "header_timeout_s", 10.0))
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
-        self._write_batch = _write_batch(config)
+        self._writes = _connection_writes(config)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -105,7 +109,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE:
             self._deadline.disarm()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow, self._write_batch)
+            _offer_frame_writer(self.cycle, self.transport, self.flow, self._writes)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()
@@ -124,7 +128,7 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         timeout_s = float(getattr(config, "header_timeout_s", 10.0))
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
-        self._write_batch = _write_batch(config)
+        self._writes = _connection_writes(config)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -140,7 +144,7 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         cycle = self.cycle
         super().on_headers_complete()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow, self._write_batch)
+            _offer_frame_writer(self.cycle, self.transport, self.flow, self._writes)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()

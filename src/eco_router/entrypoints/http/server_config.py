@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 
 from eco_router.entrypoints.event_loop import uvicorn_loop
-from eco_router.entrypoints.http.frame_writer import WriteBatch
+from eco_router.entrypoints.http.frame_writer import ConnectionWrites
 from eco_router.entrypoints.http.protocols import HttpParserChoice, http_protocol
 from eco_router.entrypoints.settings import Settings
 
@@ -44,8 +44,8 @@ class ConnectionLimits:
 
 class GatewayConfig(uvicorn.Config):
     """uvicorn's configuration plus the request header read timeout it lacks, the number
-    of connections past which a new one is dropped unanswered, and the batch in which live
-    frames are written to every connection."""
+    of connections past which a new one is dropped unanswered, and what its connections share
+    for live frames written straight to them (the turn's batch, the keepalive sweep)."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class GatewayConfig(uvicorn.Config):
         )
         self.header_timeout_s = header_timeout_s
         self.drop_above = limits.drop_above
-        self.write_batch = WriteBatch()
+        self.connection_writes = ConnectionWrites()
 
 
 def accept_backlog(max_connections: int) -> int:
