@@ -230,3 +230,59 @@ class TestKeepalives:
 
         assert set(wire.log) == {http_chunk(KEEPALIVE)}
         writer.stop_keepalive()
+
+
+class TestDisconnect:
+    async def test_a_lost_connection_ends_the_stream_without_a_watcher_task(self) -> None:
+        wire, closed = Wire(), asyncio.Event()
+        cycle = Cycle()
+        writer = TransportFrameWriter(cycle, wire, Flow(), ConnectionWrites())
+        received: list[str] = []
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield b"id: 1\ndata: first\n\n"
+            await asyncio.Event().wait()
+            yield b"never"
+
+        async def close() -> None:
+            closed.set()
+
+        async def receive() -> Message:
+            received.append("receive")
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        response = ClosingStreamingResponse(frames(), close=close, writer=writer)
+        serving = asyncio.create_task(response({"type": "http"}, receive, wire.send))
+        await eventually(lambda: wire.log)
+        tasks_while_streaming = len(asyncio.all_tasks())
+        cycle.disconnected = True
+        writer.connection_lost()
+
+        async with asyncio.timeout(5):
+            await serving
+        assert closed.is_set()
+        assert received == []  # nobody waited for http.disconnect
+        assert tasks_while_streaming == 2  # this test's and the response's, no watcher
+        assert wire.log == [http_chunk(b"id: 1\ndata: first\n\n")]
+
+    async def test_a_client_gone_before_the_response_is_told_by_the_server(self) -> None:
+        wire, closed = Wire(), asyncio.Event()
+        writer = TransportFrameWriter(Cycle(disconnected=True), wire, Flow(), ConnectionWrites())
+
+        async def frames() -> AsyncIterator[bytes]:
+            await asyncio.Event().wait()
+            yield b"never"
+
+        async def close() -> None:
+            closed.set()
+
+        async def receive() -> Message:
+            return {"type": "http.disconnect"}
+
+        response = ClosingStreamingResponse(frames(), close=close, writer=writer)
+        async with asyncio.timeout(5):
+            await response({"type": "http"}, receive, wire.send)
+
+        assert closed.is_set()
+        assert wire.log == []

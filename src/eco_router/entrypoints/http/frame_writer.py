@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from eco_router.application.ports import FrameWriter
@@ -76,6 +77,7 @@ class TransportFrameWriter(FrameWriter):
         "_keepalive_tick",
         "_keepalives",
         "_last_write",
+        "_on_disconnect",
         "_pending",
         "_transport",
     )
@@ -91,6 +93,7 @@ class TransportFrameWriter(FrameWriter):
         self._keepalive: tuple[float, bytes] | None = None
         self._keepalive_tick = 0
         self._last_write = 0.0
+        self._on_disconnect: Callable[[], None] | None = None
 
     def writable(self) -> bool:
         cycle = self._cycle
@@ -109,6 +112,20 @@ class TransportFrameWriter(FrameWriter):
             self._batch.add(self)
         else:
             self._pending.append(chunk)
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> bool:
+        """Call `callback` once the client disconnects (None: no more); False when it has
+        already (then nothing is called)."""
+        if callback is not None and self._cycle.disconnected:
+            return False
+        self._on_disconnect = callback
+        return True
+
+    def connection_lost(self) -> None:
+        """The server's word that the connection is gone."""
+        callback, self._on_disconnect = self._on_disconnect, None
+        if callback is not None:
+            callback()
 
     def flush(self) -> None:
         """Before each of the response's own writes (which count as a write too): what was

@@ -65,13 +65,16 @@ def _dropped(connections: set[Any], drop_above: int | None, transport: asyncio.T
 
 def _offer_frame_writer(
     cycle: Any, transport: asyncio.Transport, flow: Any, writes: ConnectionWrites
-) -> None:
+) -> TransportFrameWriter | None:
     """A new request's task is created, not yet run: its scope can still take an extension.
     Only a chunked response (a GET over HTTP/1.1) can take raw chunks."""
     scope = cycle.scope
-    if scope["method"] == "GET" and scope["http_version"] == "1.1":
-        extensions: dict[str, object] = scope.setdefault("extensions", {})
-        extensions[FRAME_WRITER] = TransportFrameWriter(cycle, transport, flow, writes)
+    if scope["method"] != "GET" or scope["http_version"] != "1.1":
+        return None
+    writer = TransportFrameWriter(cycle, transport, flow, writes)
+    extensions: dict[str, object] = scope.setdefault("extensions", {})
+    extensions[FRAME_WRITER] = writer
+    return writer
 
 
 def _connection_writes(config: uvicorn.Config) -> ConnectionWrites:
@@ -95,6 +98,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
         self._writes = _connection_writes(config)
+        self._frame_writer: TransportFrameWriter | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -109,11 +113,15 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE:
             self._deadline.disarm()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow, self._writes)
+            self._frame_writer = _offer_frame_writer(
+                self.cycle, self.transport, self.flow, self._writes
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()
         super().connection_lost(exc)
+        if self._frame_writer is not None:
+            self._frame_writer.connection_lost()
 
     def _headers_late(self) -> None:
         if self.conn.their_state is h11.IDLE:
@@ -129,6 +137,7 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         self._deadline = HeaderDeadline(self.loop, timeout_s, self._headers_late)
         self._drop_above: int | None = getattr(config, "drop_above", None)
         self._writes = _connection_writes(config)
+        self._frame_writer: TransportFrameWriter | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -144,11 +153,15 @@ class HttpToolsHeaderTimeoutProtocol(HttpToolsProtocol):
         cycle = self.cycle
         super().on_headers_complete()
         if self.cycle is not cycle and self.cycle is not None:
-            _offer_frame_writer(self.cycle, self.transport, self.flow, self._writes)
+            self._frame_writer = _offer_frame_writer(
+                self.cycle, self.transport, self.flow, self._writes
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.disarm()
         super().connection_lost(exc)
+        if self._frame_writer is not None:
+            self._frame_writer.connection_lost()
 
     def _headers_late(self) -> None:
         _close_late(self.transport)
