@@ -130,95 +130,97 @@ KEEPALIVE = b":\n\n"
 TICK = Keepalives.TICK_S
 
 
+@dataclass
+class KeptAlive:
+    """A connection that asked for a keepalive every 15 s at loop time `start`."""
+
+    wire: Wire
+    writes: ConnectionWrites
+    writer: TransportFrameWriter
+    start: float
+
+    def sweep(self, after_s: float) -> None:
+        self.writes.keepalives.sweep(self.start + after_s)
+
+
+def kept_alive(flow: Flow | None = None) -> KeptAlive:
+    wire, writes = Wire(), ConnectionWrites()
+    writer = writer_on(wire, writes, flow=flow)
+    writer.keep_alive(15, KEEPALIVE)
+    return KeptAlive(wire, writes, writer, asyncio.get_running_loop().time())
+
+
 class TestKeepalives:
     """The sweep looks at a connection within a tick after it is due: the tests sweep just
     before a due time and a tick after it."""
 
     async def test_a_connection_idle_for_the_period_gets_the_keepalive(self) -> None:
-        wire, writes = Wire(), ConnectionWrites()
-        writer = writer_on(wire, writes)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive()
 
-        writes.keepalives.sweep(start + 14.9)
+        conn.sweep(14.9)
         await next_turn()
-        assert wire.log == []
-        writes.keepalives.sweep(start + 15 + TICK)
+        assert conn.wire.log == []
+        conn.sweep(15 + TICK)
         await next_turn()
 
-        assert wire.log == [http_chunk(KEEPALIVE)]
-        writer.stop_keepalive()
+        assert conn.wire.log == [http_chunk(KEEPALIVE)]
+        conn.writer.stop_keepalive()
 
     async def test_a_write_puts_off_the_keepalive_by_a_whole_period(self) -> None:
-        wire, writes = Wire(), ConnectionWrites()
-        writer = writer_on(wire, writes)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive()
 
-        writer.write(b"data: 1\n\n")
-        writer.send(start + 10)
-        writes.keepalives.sweep(start + 15 + TICK)
-        writes.keepalives.sweep(start + 24.9)
+        conn.writer.write(b"data: 1\n\n")
+        conn.writer.send(conn.start + 10)
+        conn.sweep(15 + TICK)
+        conn.sweep(24.9)
         await next_turn()
-        assert wire.log == [http_chunk(b"data: 1\n\n")]
-        writes.keepalives.sweep(start + 25 + TICK)
+        assert conn.wire.log == [http_chunk(b"data: 1\n\n")]
+        conn.sweep(25 + TICK)
         await next_turn()
 
-        assert wire.log == [http_chunk(b"data: 1\n\n"), http_chunk(KEEPALIVE)]
-        writer.stop_keepalive()
+        assert conn.wire.log == [http_chunk(b"data: 1\n\n"), http_chunk(KEEPALIVE)]
+        conn.writer.stop_keepalive()
 
     async def test_the_responses_own_write_puts_off_the_keepalive_too(self) -> None:
-        wire, writes = Wire(), ConnectionWrites()
-        writer = writer_on(wire, writes)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive()
 
         # The response's own write comes more than a tick later (the loop's real time).
         await asyncio.sleep(TICK + 0.1)
-        writer.flush()
-        writes.keepalives.sweep(start + 15 + TICK)
+        conn.writer.flush()
+        conn.sweep(15 + TICK)
 
         await next_turn()
-        assert wire.log == []
-        writer.stop_keepalive()
+        assert conn.wire.log == []
+        conn.writer.stop_keepalive()
 
     async def test_keepalives_go_on_every_period_while_nothing_else_is_written(self) -> None:
-        wire, writes = Wire(), ConnectionWrites()
-        writer = writer_on(wire, writes)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive()
 
         for period in (1, 2, 3):
-            writes.keepalives.sweep(start + 15 * period + TICK * period)
+            conn.sweep(15 * period + TICK * period)
             await next_turn()
 
-        assert wire.log == [http_chunk(KEEPALIVE)] * 3
-        writer.stop_keepalive()
+        assert conn.wire.log == [http_chunk(KEEPALIVE)] * 3
+        conn.writer.stop_keepalive()
 
     async def test_a_paused_connection_gets_no_keepalive(self) -> None:
-        wire, writes, flow = Wire(), ConnectionWrites(), Flow(write_paused=True)
-        writer = writer_on(wire, writes, flow=flow)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive(Flow(write_paused=True))
 
-        writes.keepalives.sweep(start + 60)
+        conn.sweep(60)
         await next_turn()
 
-        assert wire.log == []
-        writer.stop_keepalive()
+        assert conn.wire.log == []
+        conn.writer.stop_keepalive()
 
     async def test_a_stopped_stream_gets_no_keepalive_and_leaves_the_sweep(self) -> None:
-        wire, writes = Wire(), ConnectionWrites()
-        writer = writer_on(wire, writes)
-        writer.keep_alive(15, KEEPALIVE)
-        start = asyncio.get_running_loop().time()
+        conn = kept_alive()
 
-        writer.stop_keepalive()
-        writes.keepalives.sweep(start + 60)
+        conn.writer.stop_keepalive()
+        conn.sweep(60)
         await next_turn()
 
-        assert wire.log == []
-        assert len(writes.keepalives) == 0
+        assert conn.wire.log == []
+        assert len(conn.writes.keepalives) == 0
 
     async def test_the_sweep_runs_by_itself(self) -> None:
         # A short period only makes the test quick: the sweep runs at a quarter of it.
