@@ -45,7 +45,9 @@ class Keepalives:
     def file(self, writer: KeptAlive, due: float, every_s: float) -> int:
         """File `writer` to be looked at once loop time `due` has come; returns its tick."""
         self._tick_s = min(self._tick_s, every_s / 4)
-        tick = math.ceil(due / self._tick_s)
+        # The tick under way when it is due: looked at by the first sweep from then on, so
+        # at most about a tick late (one looked at a little early is filed again).
+        tick = math.floor(due / self._tick_s)
         self._due.setdefault(tick, set()).add(writer)
         if self._timer is None:
             self._schedule()
