@@ -26,6 +26,8 @@ from eco_router.entrypoints.settings import load_settings
 SECRET = "fuzzing-secret-of-a-decent-length-0123456789"
 COOKIE = "eco_router_token"
 CLIENT_ERRORS = {401, 403, 404, 405, 422, 429}
+# Starlette sends a path ending in a slash (`%2F` included) to the same path without it.
+SLASH_REDIRECT = 307
 
 # Header values as a client can send them: Latin-1 without control characters.
 header_text = st.text(
@@ -201,10 +203,12 @@ async def test_no_input_gets_a_server_error_or_leaves_a_stream_open(
         json=body if method in {"POST", "DELETE"} else None,
     )
 
-    assert response.status_code in {200, 201, 204} | CLIENT_ERRORS, (
+    assert response.status_code in {200, 201, 204, SLASH_REDIRECT} | CLIENT_ERRORS, (
         response.status_code,
         response.text[:200],
     )
+    if response.status_code == SLASH_REDIRECT:
+        assert not response.headers["location"].endswith("/")
     if response.status_code == 429:
         assert response.headers["Retry-After"]
     assert app.state.client_streams.open_streams("127.0.0.1") == 0
