@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.application.messages import FeedClosed, FeedGap
@@ -200,13 +201,20 @@ class TestClosing:
             assert await waiting == FeedClosed()
 
 
+async def waiting_with_a_handler() -> tuple[ViewerQueue, list[GatewayEvent], asyncio.Task[Any]]:
+    """A queue whose viewer waits, with a write-through handler that takes every event it is
+    offered; the events it took."""
+    written: list[GatewayEvent] = []
+    queue = ViewerQueue(maxsize=3)
+    queue.write_through = lambda event: written.append(event) is None
+    waiting = asyncio.create_task(queue.get(30))
+    await asyncio.sleep(0)
+    return queue, written, waiting
+
+
 class TestWritingThrough:
     async def test_an_event_for_a_waiting_viewer_goes_to_the_handler_not_the_queue(self) -> None:
-        written: list[GatewayEvent] = []
-        queue = ViewerQueue(maxsize=3)
-        queue.write_through = lambda event: written.append(event) is None
-        waiting = asyncio.create_task(queue.get(30))
-        await asyncio.sleep(0)
+        queue, written, waiting = await waiting_with_a_handler()
 
         queue.put(running(1))
 
@@ -218,11 +226,7 @@ class TestWritingThrough:
     async def test_a_viewer_woken_but_not_yet_running_gets_later_events_queued_behind(
         self,
     ) -> None:
-        written: list[GatewayEvent] = []
-        queue = ViewerQueue(maxsize=3)
-        queue.write_through = lambda event: written.append(event) is None
-        waiting = asyncio.create_task(queue.get(30))
-        await asyncio.sleep(0)
+        queue, written, waiting = await waiting_with_a_handler()
 
         queue.mark_gap("pubsub_reconnect")
         queue.put(running(1))
@@ -233,11 +237,7 @@ class TestWritingThrough:
         assert await drain(queue) == [running(1)]
 
     async def test_a_viewer_that_stopped_waiting_gets_its_events_queued(self) -> None:
-        written: list[GatewayEvent] = []
-        queue = ViewerQueue(maxsize=3)
-        queue.write_through = lambda event: written.append(event) is None
-        waiting = asyncio.create_task(queue.get(30))
-        await asyncio.sleep(0)
+        queue, written, waiting = await waiting_with_a_handler()
         waiting.cancel()
         await asyncio.wait([waiting])
 
