@@ -62,6 +62,22 @@ class TestJwtAdminAuthorizer:
 
     @pytest.mark.parametrize(
         "claims",
+        [
+            {"exp": str(int(time.time()) + 600)},
+            {"exp": True},
+            {"nbf": str(int(time.time()) - 60)},
+            {"iat": str(int(time.time()) - 60)},
+        ],
+        ids=["exp-string", "exp-boolean", "nbf-string", "iat-string"],
+    )
+    def test_a_time_claim_that_is_not_a_json_number_is_unauthorized(
+        self, gate: JwtAdminAuthorizer, claims: dict[str, Any]
+    ) -> None:
+        with pytest.raises(Unauthorized):
+            gate.authorize_admin(make_token(**claims))
+
+    @pytest.mark.parametrize(
+        "claims",
         [{"admin": None, "jobs": ["*"]}, {"admin": "true"}, {"admin": 1}, {"admin": False}],
         ids=["job-token", "string", "number", "false"],
     )

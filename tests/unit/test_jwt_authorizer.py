@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jwt
@@ -150,6 +151,38 @@ class TestExpiry:
 
         with pytest.raises(Unauthorized, match="expired"):
             lenient.authorize(make_token(exp=int(time.time()) - 60), "job-1", domain="scan")
+
+    @pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+    @pytest.mark.parametrize(
+        "value",
+        [
+            pytest.param(str, id="numeric string"),
+            pytest.param(lambda valid: f"{valid}.5", id="decimal string"),
+            pytest.param(lambda valid: True, id="boolean"),
+            pytest.param(lambda valid: [valid], id="list"),
+        ],
+    )
+    def test_a_time_claim_that_is_not_a_json_number_is_unauthorized(
+        self, authorizer: JwtAuthorizer, claim: str, value: Callable[[int], object]
+    ) -> None:
+        # RFC 7519 makes exp, nbf and iat NumericDates (JSON numbers); PyJWT reads them with
+        # int(), so "1700000000" would pass as that time. Each value stands for a time that
+        # would pass: an hour ahead for exp, a minute ago for nbf and iat.
+        now = int(time.time())
+        valid = now + 3600 if claim == "exp" else now - 60
+        token = make_token(**{claim: value(valid)})
+
+        with pytest.raises(Unauthorized):
+            authorizer.authorize(token, "job-1", domain="scan")
+
+    @pytest.mark.parametrize("claim", ["nbf", "iat"])
+    def test_numeric_time_claims_in_the_past_are_accepted(
+        self, authorizer: JwtAuthorizer, claim: str
+    ) -> None:
+        authorizer.authorize(make_token(**{claim: time.time() - 60}), "job-1", domain="scan")
+
+    def test_a_fractional_exp_is_accepted(self, authorizer: JwtAuthorizer) -> None:
+        authorizer.authorize(make_token(exp=time.time() + 60.5), "job-1", domain="scan")
 
 
 class TestSecret:

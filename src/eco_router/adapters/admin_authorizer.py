@@ -6,6 +6,7 @@ import time
 
 import jwt
 
+from eco_router.adapters.jwt_claims import decode_hs256
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import AdminAuthorizer
 
@@ -14,7 +15,8 @@ ADMIN_CLAIM = "admin"
 
 class JwtAdminAuthorizer(AdminAuthorizer):
     """Requires an HS256 token with `"admin": true` and an `exp` (an admin token that never
-    expires is refused: it would open replay to whoever finds it, for good)."""
+    expires is refused: it would open replay to whoever finds it, for good); `exp`, `nbf`
+    and `iat` must be JSON numbers."""
 
     def __init__(self, secret: str) -> None:
         self._secret = secret
@@ -27,9 +29,7 @@ class JwtAdminAuthorizer(AdminAuthorizer):
         if not token:
             raise Unauthorized("an admin bearer token is required")
         try:
-            claims = jwt.decode(
-                token, self._secret, algorithms=["HS256"], options={"require": ["exp"]}
-            )
+            claims = decode_hs256(token, self._secret, options={"require": ["exp"]})
         except jwt.ExpiredSignatureError as error:
             raise Unauthorized("the token has expired") from error
         except jwt.MissingRequiredClaimError as error:

@@ -7,6 +7,7 @@ import time
 import jwt
 from jwt.types import Options
 
+from eco_router.adapters.jwt_claims import decode_hs256
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import Authorizer
 
@@ -23,6 +24,7 @@ class JwtAuthorizer(Authorizer):
 
     - A token without `domain` opens jobs of `LEGACY_DOMAIN` only.
     - `exp` is required when `require_exp` (the default) and honoured whenever present.
+    - `exp`, `nbf` and `iat` must be JSON numbers (NumericDate); any other type is not valid.
     """
 
     def __init__(self, secret: str, *, require_exp: bool = True) -> None:
@@ -35,7 +37,7 @@ class JwtAuthorizer(Authorizer):
         if not token:
             raise Unauthorized("a bearer token is required")
         try:
-            claims = jwt.decode(token, self._secret, algorithms=["HS256"], options=self._options)
+            claims = decode_hs256(token, self._secret, options=self._options)
         except jwt.ExpiredSignatureError as error:
             raise Unauthorized("the token has expired") from error
         except jwt.MissingRequiredClaimError as error:

@@ -1,0 +1,35 @@
+"""Decoding HS256 tokens, with time claims that must be JSON numbers as RFC 7519 says."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jwt
+from jwt.types import Options
+
+# NumericDate claims (RFC 7519, sections 2 and 4.1.4-4.1.6).
+TIME_CLAIMS = ("exp", "nbf", "iat")
+
+
+def decode_hs256(token: str, secret: str, *, options: Options) -> dict[str, Any]:
+    """The verified claims of `token`, else a `jwt.InvalidTokenError` (or a subclass).
+
+    PyJWT reads `exp`, `nbf` and `iat` with `int()`, so `"exp": "1900000000"` (a string) or
+    `"nbf": true` would pass as times, and it has no option to refuse them; they are refused
+    here, like any token that is not valid.
+    """
+    claims = jwt.decode(token, secret, algorithms=["HS256"], options=options)
+    for name in TIME_CLAIMS:
+        if name in claims and not is_numeric_date(claims[name]):
+            raise jwt.InvalidTokenError(f"the `{name}` claim is not a JSON number")
+    return claims
+
+
+def is_numeric_date(value: object) -> bool:
+    """A JSON number (a bool is not one, though Python calls it an int), and finite."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
