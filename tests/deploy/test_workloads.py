@@ -44,7 +44,7 @@ def _paths(*routers: object) -> set[str]:
 
 # What each process serves on its one port (entrypoints/worker.py, entrypoints/http/app.py).
 ROUTER_PATHS = _paths(ops_routes.router, ops_routes.metrics_router)
-GATEWAY_PATHS = _paths(ops_routes.router, ops_routes.metrics_router, sse_routes.router)
+GATEWAY_PATHS = _paths(ops_routes.public_router, ops_routes.metrics_router, sse_routes.router)
 
 
 def command_of(deployment: Document) -> argparse.Namespace:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from eco_router.adapters.memory.readiness_metrics import InMemoryReadinessMetrics
-from eco_router.application.check_readiness import CheckReadiness
+from eco_router.application.check_readiness import CheckReadiness, public_checks
 from eco_router.application.router_service import RouterService
 from tests.unit.factories import Harness
 
@@ -80,3 +83,51 @@ class TestReportedOutcome:
 
         assert metrics.reports == [checks]
         assert checks["pubsub"].startswith("unreachable")
+
+
+class TestPublicChecks:
+    def test_failing_checks_name_their_component_and_no_cause(self) -> None:
+        checks = {
+            "streams": "unreachable: PING: ConnectionError: Error 111 connecting to 10.0.0.7:6379.",
+            "pubsub": "ok",
+            "feed": "retrying: Pub/Sub connection to 10.0.0.8:6379 lost: timeout",
+            "consumer": "retrying: claim on scan:events:1: ConnectionError: Error 111",
+            "router": "not running",
+            "shard scan:events:2": "quarantined: WRONGTYPE Operation against a key",
+        }
+
+        assert public_checks(checks) == {
+            "streams": "streams redis unreachable",
+            "pubsub": "ok",
+            "feed": "live feed interrupted",
+            "consumer": "consumer failing",
+            "router": "router not running",
+            "shard scan:events:2": "quarantined",
+        }
+
+    def test_passing_checks_are_unchanged(self) -> None:
+        checks = {"streams": "ok", "pubsub": "ok", "feed": "ok"}
+
+        assert public_checks(checks) == checks
+
+
+class TestLoggedCauses:
+    async def test_a_failing_check_is_logged_with_its_cause_once_and_its_recovery_once(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        h = Harness()
+        check = readiness(h, None)
+        caplog.set_level(logging.INFO, logger="eco_router.application.check_readiness")
+
+        h.broadcaster.available = False
+        await check()
+        await check()
+        h.broadcaster.available = True
+        await check()
+        await check()
+
+        assert [(r.levelname, r.getMessage().split(":")[0:2]) for r in caplog.records] == [
+            ("WARNING", ["not ready", " pubsub"]),
+            ("INFO", ["ready again", " pubsub"]),
+        ]
+        assert "unreachable" in caplog.records[0].getMessage()

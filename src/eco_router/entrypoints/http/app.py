@@ -70,7 +70,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app.state.demo = demo
     app.state.client_streams = ClientStreams(container.settings().sse_max_per_client)
     container.wire(modules=[ops_routes, sse_routes])
-    app.include_router(ops_routes.router)
+    app.include_router(ops_routes.public_router)
     if container.settings().gateway_metrics:
         app.include_router(ops_routes.metrics_router)
     app.include_router(sse_routes.router)
