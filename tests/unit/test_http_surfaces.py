@@ -1,5 +1,5 @@
-"""What each HTTP port serves: the gateway's optional /metrics, the throttled demo endpoint,
-the favicon, and the worker's probes-only app; on the in-memory adapters."""
+"""What each HTTP port serves: the gateway's optional /metrics and API docs, the throttled demo
+endpoint, the favicon, and the worker's probes-only app; on the in-memory adapters."""
 
 from __future__ import annotations
 
@@ -86,6 +86,33 @@ class TestDemoJobThrottle:
             response = await second.post("/api/v1/demo/jobs")
 
         assert response.status_code == 201
+
+
+class TestApiDocs:
+    @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
+    async def test_api_docs_are_not_served_by_default(self, gateway: FastAPI, path: str) -> None:
+        async with client_of(gateway) as client:
+            response = await client.get(path)
+
+        assert response.status_code == 404
+
+    async def test_api_docs_when_enabled_list_the_public_api_and_never_the_console(
+        self,
+    ) -> None:
+        container = build_container(load_settings(api_docs=True, console=True), in_memory=True)
+        try:
+            async with client_of(create_app(container, demo=True)) as client:
+                docs = await client.get("/docs")
+                redoc = await client.get("/redoc")
+                schema = await client.get("/openapi.json")
+        finally:
+            container.unwire()
+
+        assert (docs.status_code, redoc.status_code, schema.status_code) == (200, 200, 200)
+        paths = schema.json()["paths"]
+        assert "/api/v1/{domain}/{job_id}/events" in paths
+        assert not [path for path in paths if path.startswith("/console")]
+        assert "console" not in schema.text
 
 
 class TestFavicon:

@@ -40,6 +40,11 @@ class TestDefaults:
         assert (settings.max_event_bytes, settings.max_result_bytes) == (8192, 131_072)
         assert settings.history_max_bytes == 1_048_576
 
+    def test_api_docs_are_off_unless_asked_for(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert load_settings().api_docs is False
+        monkeypatch.setenv("EVENT_ROUTER_API_DOCS", "true")
+        assert load_settings().api_docs is True
+
     def test_consumer_name_comes_from_pod_name(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("POD_NAME", "router-7f9c-abcde")
         assert load_settings().consumer_name == "router-7f9c-abcde"

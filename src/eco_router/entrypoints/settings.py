@@ -115,6 +115,8 @@ class Settings(BaseSettings):
     channel_prefix: str = Field("sse:events", min_length=1)
     # The operator console (/console on `serve`): off unless asked for.
     console: bool = False
+    # /docs, /redoc and /openapi.json on `serve`: off unless asked for; never the console's API.
+    api_docs: bool = False
     console_refresh_s: float = Field(2, gt=0, le=300)
     max_field_bytes: int = Field(64 * 1024, ge=1)
     max_event_bytes: int = Field(DEFAULT_MAX_EVENT_BYTES, ge=256)

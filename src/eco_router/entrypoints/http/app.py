@@ -46,7 +46,8 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     runs the router.
 
     `demo` enables `POST /api/v1/demo/jobs` (throttled), which the page at `/` uses to start a
-    job. `/metrics` is served only with `EVENT_ROUTER_GATEWAY_METRICS`.
+    job. `/metrics` is served only with `EVENT_ROUTER_GATEWAY_METRICS`, the API docs
+    (`/docs`, `/redoc`, `/openapi.json`) only with `EVENT_ROUTER_API_DOCS`.
     """
 
     @asynccontextmanager
@@ -65,7 +66,15 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
                 await demo_jobs.aclose()
 
     hide_access_log_tokens()
-    app = FastAPI(title="eco-router", version=__version__, lifespan=lifespan)
+    docs = container.settings().api_docs
+    app = FastAPI(
+        title="eco-router",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.container = container
     app.state.demo = demo
     app.state.client_streams = ClientStreams(container.settings().sse_max_per_client)

@@ -41,7 +41,8 @@ from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/console", tags=["console"])
+# Never in the published API docs: they are public, and this is the operators' API.
+router = APIRouter(prefix="/console", tags=["console"], include_in_schema=False)
 
 DLQ_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 FIELD_PREVIEW_CHARS = 300
