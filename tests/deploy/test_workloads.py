@@ -177,7 +177,7 @@ class TestEveryOverlay:
         docs = render(overlay)
         drain_s = inspect.signature(RouterRunner).parameters["drain_timeout_s"].default
         router = pod_spec(role(docs, "router"))
-        # Drain, then closing the connections: the README promises exit within 10 s.
+        # Drain, then closing the connections: docs/RUNNING.md promises exit within 10 s.
         assert router["terminationGracePeriodSeconds"] >= 2 * drain_s + 10
         gateway = pod_spec(role(docs, "gateway"))
         graceful_s = server_config(None, Settings(), host="0.0.0.0", port=8000)

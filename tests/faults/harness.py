@@ -61,7 +61,7 @@ from tests.integration.test_gateway import Gateway, free_port
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
-# Documented defaults the scenarios' timings are derived from (README, Configuration).
+# Documented defaults the scenarios' timings are derived from (docs/CONFIGURATION.md).
 LEASE_TTL_S = 4.0
 READ_BLOCK_S = 5.0
 RECLAIM_INTERVAL_S = 60.0

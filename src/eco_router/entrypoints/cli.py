@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eco-router",
         description="Routes job-progress events from Redis Streams to Pub/Sub.",
-        epilog="Settings come from the environment (README: Configuration). Exit status: 0 "
+        epilog="Settings come from the environment (docs/CONFIGURATION.md). Exit status: 0 "
         "done or stopped cleanly; 1 an error, or `state` of an unknown job; 2 an invalid "
         "setting, argument or credentials, a Redis database the server lacks, or `dlq replay` "
         "ids that name no dead letter; 3 a Redis server or the port unavailable at startup; "

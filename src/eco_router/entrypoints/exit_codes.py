@@ -1,4 +1,4 @@
-"""The process's exit statuses, as documented in the README."""
+"""The process's exit statuses, as documented in docs/RUNNING.md."""
 
 from __future__ import annotations
 

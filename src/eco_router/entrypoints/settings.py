@@ -78,7 +78,7 @@ def is_cluster_url(url: str) -> bool:
 
 
 class Settings(BaseSettings):
-    """Every setting of the router; env names as documented in the README."""
+    """Every setting of the router; env names as documented in docs/CONFIGURATION.md."""
 
     model_config = SettingsConfigDict(
         env_prefix=_ENV_PREFIX, extra="forbid", frozen=True, populate_by_name=True
