@@ -8,7 +8,14 @@ import pytest
 
 from eco_router.application.messages import EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
+from eco_router.domain.verdict import (
+    DUPLICATE,
+    NEW_APPLY,
+    NEW_IN_PLACE_OF_GONE,
+    NEW_REPUBLISH,
+    STALE,
+    Judgement,
+)
 from tests.contracts.factories import ContractFamilies, entry_id
 
 HISTORY_SIZE = 3
@@ -119,8 +126,9 @@ class StateStoreContract(ContractFamilies):
 
     async def test_another_entry_with_an_applied_seq_is_a_duplicate(self) -> None:
         store = await self.make_store()
-        original = self.encoded(seq=1, stream_id=entry_id(1), stage="queued")
-        newest = self.encoded(seq=2, stream_id=entry_id(2), stage="scanning")
+        held = [await self.append_and_read(self.scan_0, "me") for _ in range(2)]
+        original = self.encoded(seq=1, stream_id=held[0], stage="queued")
+        newest = self.encoded(seq=2, stream_id=held[1], stage="scanning")
         await self.apply(store, [original, newest])
 
         judgements = await self.apply(
@@ -136,6 +144,25 @@ class StateStoreContract(ContractFamilies):
             newest.payload, [original.payload, newest.payload]
         )
 
+    async def test_an_entry_in_place_of_one_gone_from_the_stream_is_published_and_marked(
+        self,
+    ) -> None:
+        # As after a failover: the state write reached the promoted master, the entry that
+        # made it (read from the demoted one) did not, and its publish never happened.
+        store = await self.make_store()
+        gone = self.encoded(seq=1, stream_id=entry_id(1), stage="queued")
+        await self.apply(store, [gone])
+        retried = self.encoded(
+            seq=1, stream_id=await self.append_and_read(self.scan_0, "me"), stage="queued"
+        )
+        again = self.encoded(seq=1, stream_id=entry_id(10**12), stage="queued")
+
+        assert await self.apply(store, [retried]) == [NEW_IN_PLACE_OF_GONE]
+        # The retried entry holds the marker now: its own redelivery is published again, a
+        # third entry is a duplicate of it.
+        assert await self.apply(store, [retried, again]) == [NEW_REPUBLISH, DUPLICATE]
+        assert await store.view("scan", "job-1") == JobView(gone.payload, [gone.payload])
+
     async def test_a_lower_seq_never_applied_is_stale_and_leaves_the_state_alone(self) -> None:
         store = await self.make_store()
         newest = self.encoded(seq=5, stream_id=entry_id(5))
@@ -150,7 +177,7 @@ class StateStoreContract(ContractFamilies):
 
     async def test_seq_zero_is_a_valid_first_seq(self) -> None:
         store = await self.make_store()
-        first = self.encoded(seq=0, stream_id=entry_id(1))
+        first = self.encoded(seq=0, stream_id=await self.append_and_read(self.scan_0, "me"))
 
         assert await self.apply(store, [first]) == [NEW_APPLY]
         assert await self.apply(store, [self.encoded(seq=0, stream_id=entry_id(2))]) == [DUPLICATE]

@@ -11,7 +11,14 @@ from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.messages import EncodedEvent, ReadStart
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
+from eco_router.domain.verdict import (
+    DUPLICATE,
+    NEW_APPLY,
+    NEW_IN_PLACE_OF_GONE,
+    NEW_REPUBLISH,
+    STALE,
+    Judgement,
+)
 from eco_router.entrypoints.settings import Settings
 from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
@@ -61,6 +68,15 @@ async def markers_renewed_now(redis: Redis) -> dict[bytes, bytes]:
     return dict(markers)
 
 
+async def hold(redis: Redis, *numbers: int) -> None:
+    """Put entries `entry_id(n)` in the shard, as the entries that applied their seqs are
+    (a duplicate is one only while the stream holds the entry that applied its seq)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for n in numbers:
+            pipe.xadd(SHARD, {"n": str(n)}, id=entry_id(n))
+        await pipe.execute()
+
+
 def raw(payload: bytes, **overrides: object) -> EncodedEvent:
     """An event carrying `payload` as is, whatever the encoder would have made of it."""
     return EncodedEvent(encoded(**overrides).event, payload)
@@ -98,6 +114,7 @@ class TestBranches:
     ) -> None:
         script = streams_redis.register_script(load_lua("apply_batch.lua"))
         await streams_redis.set(EPOCH, 1)
+        await hold(streams_redis, 1)
         keys = [EPOCH, SHARD, JOB.state, JOB.history, JOB.markers]
         # TTLs, history size and bytes, the group, one shard with token 1 and no read to
         # check, the job on shard 1.
@@ -147,6 +164,7 @@ class TestBranches:
     async def test_code_2_is_a_duplicate_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
+        await hold(streams_redis, 1)
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         before = await _snapshot(streams_redis)
 
@@ -154,6 +172,22 @@ class TestBranches:
 
         assert judgements == [DUPLICATE]
         assert await _snapshot(streams_redis) == before
+
+    async def test_code_5_publishes_in_place_of_an_entry_the_stream_lost_and_takes_its_marker(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        applied = encoded(seq=1, stream_id=entry_id(1))
+        await apply(store, [applied])  # entry_id(1) is not in the stream: lost, as in a failover
+        await hold(streams_redis, 2)
+        before = await streams_redis.hgetall(JOB.markers)
+
+        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(2), stage="copy")])
+
+        assert judgements == [NEW_IN_PLACE_OF_GONE]
+        assert await streams_redis.hgetall(JOB.markers) == before | {b"1": entry_id(2).encode()}
+        assert await streams_redis.get(JOB.state) == applied.payload
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [applied.payload]
+        assert await apply(store, [encoded(seq=1, stream_id=entry_id(3))]) == [DUPLICATE]
 
     async def test_code_3_is_stale_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -191,6 +225,7 @@ class TestBranches:
 
         assert judgements == [NEW_APPLY, NEW_APPLY, STALE]
         assert await streams_redis.hget(JOB.markers, "last") == str(MAX_SEQ).encode()
+        await hold(streams_redis, 2)
         assert await apply(store, [encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
 
 
@@ -394,6 +429,7 @@ class TestKeys:
         batch = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 2501)]
         replay = [encoded(seq=n, stream_id=entry_id(10_000 + n)) for n in range(1, 2501)]
 
+        await hold(streams_redis, *range(1, 2501))
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
         assert await streams_redis.hlen(JOB.markers) == 2503  # seqs, last, history_bytes, renewed

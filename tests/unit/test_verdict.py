@@ -12,6 +12,7 @@ from eco_router.domain.event import JobEvent
 from eco_router.domain.verdict import (
     DUPLICATE,
     NEW_APPLY,
+    NEW_IN_PLACE_OF_GONE,
     NEW_REPUBLISH,
     STALE,
     JobRecord,
@@ -54,6 +55,27 @@ class TestJudge:
                 3,
                 DUPLICATE,
                 id="another entry with an older applied seq",
+            ),
+            pytest.param(
+                JobRecord(5, {3: E3, 5: E5}, frozenset({E3})),
+                OTHER,
+                3,
+                NEW_IN_PLACE_OF_GONE,
+                id="another entry with a seq applied by an entry the stream lost",
+            ),
+            pytest.param(
+                JobRecord(5, {3: E3, 5: E5}, frozenset({E5})),
+                OTHER,
+                3,
+                DUPLICATE,
+                id="another entry with a seq applied by an entry still held",
+            ),
+            pytest.param(
+                JobRecord(5, {3: E3, 5: E5}, frozenset({E3})),
+                E3,
+                3,
+                NEW_REPUBLISH,
+                id="the applying entry itself, listed gone, is republished",
             ),
             pytest.param(JobRecord(5, {5: E5}), OTHER, 4, STALE, id="an older seq never applied"),
             pytest.param(

@@ -20,10 +20,12 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """What is known of one job: the newest applied seq and which entry applied each seq."""
+    """What is known of one job: the newest applied seq, which entry applied each seq, and
+    which of those entries the stream no longer holds (`gone`)."""
 
     last_seq: int | None = None
     applied_by: Mapping[int, str] | None = None
+    gone: frozenset[str] = frozenset()
 
     def entry_that_applied(self, seq: int) -> str | None:
         return None if self.applied_by is None else self.applied_by.get(seq)
@@ -35,6 +37,8 @@ class Judgement:
 
     verdict: Verdict
     apply: bool = False
+    # The seq's marker moves to this entry: it carries the publish the gone one owed.
+    takes_over: bool = False
 
     @property
     def publish(self) -> bool:
@@ -43,6 +47,7 @@ class Judgement:
 
 NEW_APPLY = Judgement(Verdict.NEW, apply=True)
 NEW_REPUBLISH = Judgement(Verdict.NEW, apply=False)
+NEW_IN_PLACE_OF_GONE = Judgement(Verdict.NEW, apply=False, takes_over=True)
 DUPLICATE = Judgement(Verdict.DUPLICATE)
 STALE = Judgement(Verdict.STALE)
 
@@ -52,7 +57,11 @@ def judge(event: JobEvent, record: JobRecord) -> Judgement:
 
     - The entry that applied this (job, seq) comes back: it was not acknowledged, so its
       publish is unconfirmed; publish again without touching the state.
-    - Another entry already applied this (job, seq): DUPLICATE.
+    - Another entry already applied this (job, seq) and the stream still holds it: DUPLICATE
+      (that entry is acknowledged, so published, or pending, so it will be).
+    - Another entry applied it and the stream no longer holds it: its publish is unconfirmed
+      (lost with a demoted master after its state write reached the new one, or trimmed
+      before its ack), so this entry publishes again in its place and takes over the marker.
     - A seq at or below the newest applied one: STALE.
     - Anything else is NEW and is applied.
     """
@@ -60,7 +69,7 @@ def judge(event: JobEvent, record: JobRecord) -> Judgement:
     if applied_by == event.stream_id:
         return NEW_REPUBLISH
     if applied_by is not None:
-        return DUPLICATE
+        return NEW_IN_PLACE_OF_GONE if applied_by in record.gone else DUPLICATE
     if record.last_seq is not None and event.seq <= record.last_seq:
         return STALE
     return NEW_APPLY

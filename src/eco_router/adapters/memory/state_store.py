@@ -9,6 +9,7 @@ from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongTy
 from eco_router.application.errors import TransientError
 from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import Clock, StateStore
+from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.verdict import JobRecord, Judgement, judge
 
@@ -70,7 +71,9 @@ class InMemoryStateStore(StateStore):
                 judgements.append(None)
                 continue
             job = self._job(item.event.domain, item.event.job_id)
-            judgement = judge(item.event, JobRecord(job.last_seq, job.applied_by))
+            judgement = judge(item.event, self._record(job, item.event))
+            if judgement.takes_over:
+                job.applied_by[item.event.seq] = item.event.stream_id
             if judgement.apply:
                 now = self._clock.now_ms()
                 job.last_seq = item.event.seq
@@ -81,6 +84,14 @@ class InMemoryStateStore(StateStore):
                 job.markers_expire_ms = now + self._markers_ttl_ms
             judgements.append(judgement)
         return Applied(judgements, fenced | {e.event.stream for e in events} - set(fence), gaps)
+
+    def _record(self, job: _Job, event: JobEvent) -> JobRecord:
+        """The job's record, with the entry that applied `event`'s seq among the gone ones
+        when it is another entry the stream no longer holds (as the script checks it)."""
+        by = job.applied_by.get(event.seq)
+        if by is None or by == event.stream_id or self._streams.holds(event.stream, by):
+            return JobRecord(job.last_seq, job.applied_by)
+        return JobRecord(job.last_seq, job.applied_by, frozenset({by}))
 
     def _gap(self, stream: str, start: ReadStart) -> bool:
         """Whether the first entry pending after the read's start is not the read's first."""

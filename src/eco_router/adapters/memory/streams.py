@@ -90,6 +90,9 @@ class InMemoryStreams:
     def entries(self, stream: str) -> list[tuple[str, Fields]]:
         return list(self._streams.get(stream, Stream()).entries.items())
 
+    def holds(self, stream: str, entry_id: str) -> bool:
+        return entry_id in self._streams.get(stream, Stream()).entries
+
     def delete_entry(self, stream: str, entry_id: str) -> None:
         self._streams.get(stream, Stream()).entries.pop(entry_id, None)
 

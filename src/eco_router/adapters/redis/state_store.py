@@ -16,9 +16,22 @@ from eco_router.application.messages import Applied, EncodedEvent, JobView, Read
 from eco_router.application.ports import StateStore
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.streams import StreamFamily
-from eco_router.domain.verdict import DUPLICATE, NEW_APPLY, NEW_REPUBLISH, STALE, Judgement
+from eco_router.domain.verdict import (
+    DUPLICATE,
+    NEW_APPLY,
+    NEW_IN_PLACE_OF_GONE,
+    NEW_REPUBLISH,
+    STALE,
+    Judgement,
+)
 
-_JUDGEMENTS = {ord("0"): NEW_APPLY, ord("1"): NEW_REPUBLISH, ord("2"): DUPLICATE, ord("3"): STALE}
+_JUDGEMENTS = {
+    ord("0"): NEW_APPLY,
+    ord("1"): NEW_REPUBLISH,
+    ord("2"): DUPLICATE,
+    ord("3"): STALE,
+    ord("5"): NEW_IN_PLACE_OF_GONE,
+}
 
 
 class RedisLuaStateStore(StateStore):

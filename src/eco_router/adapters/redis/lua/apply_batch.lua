@@ -14,7 +14,8 @@
 --       order; jobs may interleave.
 -- Returns {codes, fenced shards, gap shards}: one character per event, "0" new and
 -- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
--- "3" stale, "4" not judged (its shard's token is no longer the caller's, or an entry
+-- "3" stale, "5" new but applied earlier by another entry the stream no longer holds (publish
+-- again; the marker moves to this entry), "4" not judged (its shard's token is no longer the caller's, or an entry
 -- another consumer read, or a read whose reply was lost, comes before the read's first);
 -- and the 1-based indices of the fenced shards, then of the shards with such a gap.
 -- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
@@ -101,6 +102,7 @@ end
 local function apply_job(job, offsets)
   local base = shards * 2 + job * 3
   local markers = KEYS[base]
+  local stream = KEYS[shards + tonumber(ARGV[jobs_at + job])]
   local fields = { 'last', 'history_bytes', 'renewed' }
   for n, i in ipairs(offsets) do
     fields[n + 3] = ARGV[i + 1]
@@ -124,8 +126,15 @@ local function apply_job(job, offsets)
     local code
     if by == entry_id then
       code = '1'
-    elseif by then
+    elseif by and #redis.call('XRANGE', stream, by, by) > 0 then
       code = '2'
+    elseif by then
+      -- Its publish is unconfirmed: a demoted master may have lost it after this write
+      -- reached the promoted one. Rare (retries only), so checked only here.
+      code = '5'
+      applied_by[seq] = entry_id
+      marks[#marks + 1] = seq
+      marks[#marks + 1] = entry_id
     elseif tonumber(seq) <= last_n then
       code = '3'
     else
@@ -193,6 +202,8 @@ local function apply_job(job, offsets)
     if due then
       redis.call('EXPIRE', markers, kept_markers_ttl)
     end
+  elseif #marks > 0 then
+    call_chunked('HSET', markers, marks)
   end
 end
 
