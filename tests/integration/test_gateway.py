@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import subprocess
 import time
@@ -433,6 +434,47 @@ class TestReconnecting:
         assert ids_and_names(rest) == [("51", "done")]
 
 
+class TestIdleJobs:
+    async def test_a_job_whose_done_was_lost_ends_its_streams_and_resuming_viewers_get_204(
+        self,
+        gateways: Gateways,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        producer_for: Producers,
+        redis_at: Clients,
+    ) -> None:
+        # The idle limit is 2 s here instead of the default 600 s: what is checked (the end,
+        # its frame, the 204 afterwards) does not depend on its length.
+        gateway = gateways.start(
+            streams_url=streams_server.url,
+            pubsub_url=pubsub_server.url,
+            EVENT_ROUTER_SSE_JOB_IDLE_S="2",
+        )
+        redis, pubsub = redis_at(streams_server.url), redis_at(pubsub_server.url)
+        job = new_job("idle")
+        await publish(producer_for(gateway), job, 0, 10)
+        await routed(redis, job, 10)
+        # `done` as the router published it, whose write a failover then lost: the viewers
+        # got it, the job's state stays at seq 10, and no end will come from the store.
+        lost_done = {"job_id": job, "seq": 51, "stage": "done", "status": "done", "domain": "scan"}
+
+        async with sse_client(gateway.base_url) as http:
+            async with open_sse(http, events_path(job)) as saw_the_end:
+                seen = await saw_the_end.read(2)
+                await pubsub.publish(f"{CHANNEL_PREFIX}:{job}", json.dumps(lost_done))
+                seen += await saw_the_end.read_to_end()
+            async with open_sse(http, events_path(job)) as waiting:
+                waited = await waiting.read_to_end()
+            back_after_the_end = await http.get(events_path(job), headers={"Last-Event-ID": "51"})
+            back_after_10 = await http.get(events_path(job), headers={"Last-Event-ID": "10"})
+
+        assert ids_and_names(seen) == [("0", "queued"), ("10", "vision"), ("51", "done")]
+        assert ids_and_names(waited) == [("0", "queued"), ("10", "vision"), (None, "error")]
+        assert json.loads(waited[-1].data) == {"error": "idle"}
+        assert (back_after_the_end.status_code, back_after_the_end.content) == (204, b"")
+        assert (back_after_10.status_code, back_after_10.content) == (204, b"")
+
+
 class TestSnapshots:
     async def test_an_unknown_job_gets_a_snapshot_without_id_first_then_its_events(
         self, gateway: Gateway, producer_for: Producers
@@ -675,6 +717,44 @@ class TestPubSubOutages:
         # is not told of a gap it does not have.
         assert "snapshot" not in [e.event for e in after]
         assert [e.seq for e in after] == [11, 20, 21, 30, 31, 51]
+
+    async def test_viewers_coming_and_going_while_the_pubsub_server_is_dead_get_a_retry(
+        self,
+        own_gateway: Gateway,
+        pubsub_server: RedisServer,
+        producer_for: Producers,
+        redis_at: Clients,
+    ) -> None:
+        """A killed server: streams closed meanwhile leave a connection the loop closed, new
+        ones are refused with 503 (never 500), and a stream left open catches up after."""
+        producer, redis = producer_for(own_gateway), redis_at(own_gateway.streams_url)
+        job = new_job("stays")
+        async with (
+            sse_client(own_gateway.base_url) as http,
+            open_sse(http, events_path(job)) as stream,
+            contextlib.AsyncExitStack() as leaving,
+        ):
+            await stream.read(1)
+            for n in range(5):
+                other = await leaving.enter_async_context(
+                    open_sse(http, events_path(new_job(f"leaves-{n}")))
+                )
+                await other.read(1)
+            pubsub_server.kill()
+            await leaving.aclose()
+            refused = [(await http.get(events_path(new_job("new")))) for _ in range(5)]
+            await publish(producer, job, 10)
+            await routed(redis, job, 10)
+            pubsub_server.start()
+            await publish(producer, job, 51)
+            after = await stream.read_to_end(timeout_s=30)
+
+        assert [r.status_code for r in refused] == [503] * 5
+        assert all(r.headers.get("Retry-After") for r in refused)
+        assert [e.seq for e in after] == [10, 51]
+        log = own_gateway.log()
+        assert "Exception in ASGI application" not in log
+        assert "Traceback" not in log
 
     async def test_events_lost_while_the_feed_reconnects_at_once_are_caught_up(
         self,

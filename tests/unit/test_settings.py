@@ -40,6 +40,13 @@ class TestDefaults:
         assert (settings.max_event_bytes, settings.max_result_bytes) == (8192, 131_072)
         assert settings.history_max_bytes == 1_048_576
 
+    def test_an_idle_job_is_given_up_after_ten_minutes(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert load_settings().sse_job_idle_s == 600
+        monkeypatch.setenv("EVENT_ROUTER_SSE_JOB_IDLE_S", "90")
+        assert load_settings().sse_job_idle_s == 90
+
     def test_api_docs_are_off_unless_asked_for(self, monkeypatch: pytest.MonkeyPatch) -> None:
         assert load_settings().api_docs is False
         monkeypatch.setenv("EVENT_ROUTER_API_DOCS", "true")

@@ -1,15 +1,19 @@
-"""The SSE domain: event names, frame bytes, and what a (re)connecting client is replayed."""
+"""The SSE domain: event names, frame bytes, what a (re)connecting client is replayed, and
+when nothing more is coming (the end, or an idle job)."""
 
 from __future__ import annotations
 
 import pytest
 
 from eco_router.domain.sse import (
+    IDLE_FRAME,
     KEEPALIVE_FRAME,
     GatewayEvent,
     ReplayPlan,
     error_frame,
     event_frame,
+    idle_left_ms,
+    job_end,
     plan_replay,
     snapshot_frame,
 )
@@ -188,3 +192,55 @@ class TestPlanReplay:
 
         assert plan.snapshot is snapshot
         assert [e.seq for e in plan.events] == [s for s in (5, 6, 7) if s > (last_event_id or -1)]
+
+
+class TestJobEnd:
+    """Why a client that got `last_sent` has nothing more coming: the end, or an idle job."""
+
+    NOW_MS = 1_700_000_600_000
+    IDLE_MS = 600_000
+
+    @pytest.mark.parametrize(
+        ("state", "last_sent", "heard_ms", "end"),
+        [
+            pytest.param(None, 5, 0, None, id="unknown job"),
+            pytest.param(None, None, None, None, id="unknown job, new client"),
+            pytest.param(
+                make_gateway_event(3, stage="done", status="done"), 3, NOW_MS, "done", id="done"
+            ),
+            pytest.param(make_gateway_event(3, status="failed"), 4, NOW_MS, "failed", id="failed"),
+            pytest.param(
+                make_gateway_event(3, stage="done", status="done"), 2, 0, None, id="end not seen"
+            ),
+            pytest.param(make_gateway_event(3), 3, NOW_MS - IDLE_MS, "idle", id="idle"),
+            pytest.param(make_gateway_event(3), 9, 0, "idle", id="idle, client ahead of store"),
+            pytest.param(make_gateway_event(3), 3, NOW_MS - IDLE_MS + 1, None, id="just heard"),
+            pytest.param(make_gateway_event(3), 2, 0, None, id="idle, latest event not seen"),
+            pytest.param(make_gateway_event(3), None, 0, None, id="idle, new client"),
+            pytest.param(make_gateway_event(3), 3, None, None, id="never heard of"),
+        ],
+    )
+    def test_job_end(
+        self,
+        state: GatewayEvent | None,
+        last_sent: int | None,
+        heard_ms: int | None,
+        end: str | None,
+    ) -> None:
+        assert (
+            job_end(
+                state,
+                last_sent,
+                last_heard_ms=heard_ms,
+                now_ms=self.NOW_MS,
+                idle_after_ms=self.IDLE_MS,
+            )
+            == end
+        )
+
+    def test_a_job_is_idle_once_not_heard_of_for_the_whole_limit(self) -> None:
+        assert idle_left_ms(last_heard_ms=1_000, now_ms=1_500, idle_after_ms=600) == 100
+        assert idle_left_ms(last_heard_ms=1_000, now_ms=1_600, idle_after_ms=600) == 0
+
+    def test_the_idle_frame_is_an_error_event_without_an_id(self) -> None:
+        assert IDLE_FRAME == b'event: error\ndata: {"error":"idle"}\n\n'

@@ -23,7 +23,7 @@ from eco_router.application.ports import EventFeed, FeedSubscription, FrameWrite
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
-from tests.unit.factories import GROUP, Harness, eventually, make_event
+from tests.unit.factories import GROUP, START_MS, Harness, eventually, make_event
 
 DONE = {"stage": "done", "status": "done"}
 FAILED = {"stage": "scan", "status": "failed"}
@@ -42,6 +42,7 @@ class Gateway:
         queue_size: int = 256,
         keepalive_s: float = 15.0,
         max_wait_s: float = 300.0,
+        job_idle_s: float = 600.0,
         feed: EventFeed | None = None,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         largest_event_bytes: int | None = None,
@@ -68,6 +69,7 @@ class Gateway:
         self.limits = StreamLimits(
             keepalive_s=keepalive_s,
             max_wait_s=max_wait_s,
+            job_idle_s=job_idle_s,
             history_size=history_size,
             history_trimmed_above_bytes=trimmed_above,
         )
@@ -224,10 +226,16 @@ async def scripted_gateway(
     *,
     keepalive_s: float,
     max_wait_s: float,
+    job_idle_s: float = 600.0,
     history_size: int = 100,
 ) -> tuple[Gateway, ScriptedFeed]:
     # The harness's clock is made first, so the feed can share it.
-    gateway = Gateway(keepalive_s=keepalive_s, max_wait_s=max_wait_s, history_size=history_size)
+    gateway = Gateway(
+        keepalive_s=keepalive_s,
+        max_wait_s=max_wait_s,
+        job_idle_s=job_idle_s,
+        history_size=history_size,
+    )
     feed = ScriptedFeed(gateway.h.clock, script)
     gateway.stream = StreamJobEvents(
         feed=feed,
@@ -542,6 +550,29 @@ class TestEndedAlready:
     async def test_an_unknown_job_has_not_ended(self, gw: Gateway) -> None:
         assert await gw.stream.already_ended("scan", "job-1", 5) is False
 
+    @pytest.mark.parametrize("last_event_id", [2, 3, 1_000])
+    async def test_a_job_idle_at_or_below_the_last_event_id_has_ended(
+        self, gw: Gateway, last_event_id: int
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        gw.h.clock.advance(600_000)
+
+        assert await gw.stream.already_ended("scan", "job-1", last_event_id) is True
+
+    async def test_a_client_that_misses_events_of_an_idle_job_has_not_ended(
+        self, gw: Gateway
+    ) -> None:
+        await gw.produce("job-1", 1, 2)
+        gw.h.clock.advance(600_000)
+
+        assert await gw.stream.already_ended("scan", "job-1", 1) is False
+
+    async def test_a_job_heard_of_within_the_idle_limit_has_not_ended(self, gw: Gateway) -> None:
+        await gw.produce("job-1", 1, 2)
+        gw.h.clock.advance(599_999)
+
+        assert await gw.stream.already_ended("scan", "job-1", 2) is False
+
     async def test_the_question_counts_no_connection(self, gw: Gateway) -> None:
         await gw.produce("job-1", 1, **DONE)
 
@@ -619,6 +650,153 @@ class TestTimers:
         sent_in_time = [f"{t}:scan" for t in range(5, 32, 5)]
         assert frames == ["snapshot:null", *sent_in_time, "error:timeout"]
         assert gateway.h.clock.monotonic() == 32
+
+
+class TestIdleJobs:
+    """A job not heard of for `job_idle_s` without its end (lost in a failover, or abandoned)
+    ends its viewers' streams with `error: idle`, and a resuming client that has its latest
+    event is told to stop (`already_ended`)."""
+
+    async def test_a_job_whose_end_never_comes_ends_its_stream_as_idle(self) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=250, max_wait_s=3600, job_idle_s=600)
+        await gateway.produce("job-1", 1)
+
+        frames = await collect(gateway.stream("scan", "job-1", None))
+
+        assert frames == ["1:scan", "keepalive", "keepalive", "error:idle"]
+        assert gateway.h.clock.monotonic() == 600
+        assert feed.subscription.closed
+        assert gateway.metrics.closed == Counter({"idle": 1})
+
+    async def test_the_idle_frame_is_exact(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=1000, max_wait_s=3600, job_idle_s=60)
+        await gateway.produce("job-1", 1)
+
+        frames = [frame async for frame in gateway.stream("scan", "job-1", 1)]
+
+        assert frames == [b'event: error\ndata: {"error":"idle"}\n\n']
+
+    async def test_the_idle_limit_counts_from_the_latest_event_not_the_connection(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=1000, max_wait_s=3600, job_idle_s=600)
+        await gateway.produce("job-1", 1)
+        gateway.h.clock.advance(400_000)
+
+        frames = await collect(gateway.stream("scan", "job-1", None))
+
+        assert frames == ["1:scan", "error:idle"]
+        assert gateway.h.clock.monotonic() == 600
+
+    async def test_a_live_event_puts_off_the_idle_end(self) -> None:
+        script = [(100.0, gateway_event(seq=2)), (500.0, gateway_event(seq=3))]
+        gateway, _ = await scripted_gateway(
+            script, keepalive_s=1000, max_wait_s=3600, job_idle_s=600
+        )
+        await gateway.produce("job-1", 1)
+
+        frames = await collect(gateway.stream("scan", "job-1", None))
+
+        assert frames == ["1:scan", "2:scan", "3:scan", "error:idle"]
+        assert gateway.h.clock.monotonic() == 1100
+
+    async def test_an_event_routed_late_counts_from_its_arrival_not_its_write(self) -> None:
+        # Written an hour before it is routed (a router that was down): the job is alive.
+        written_long_ago = f"{START_MS - 3_600_000}-0"
+        script = [(500.0, gateway_event(seq=2, stream_id=written_long_ago))]
+        gateway, _ = await scripted_gateway(
+            script, keepalive_s=1000, max_wait_s=3600, job_idle_s=600
+        )
+        await gateway.produce("job-1", 1)
+
+        frames = await collect(gateway.stream("scan", "job-1", 1))
+
+        assert frames == ["2:scan", "error:idle"]
+        assert gateway.h.clock.monotonic() == 1100
+
+    @pytest.mark.parametrize(
+        ("last_event_id", "expected"),
+        [(None, ["1:scan", "2:scan", "error:idle"]), (1, ["2:scan", "error:idle"])],
+    )
+    async def test_a_job_idle_already_is_replayed_then_ended_without_waiting(
+        self, last_event_id: int | None, expected: list[str]
+    ) -> None:
+        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=300, job_idle_s=600)
+        await gateway.produce("job-1", 1, 2)
+        gateway.h.clock.advance(600_000)
+
+        frames = await collect(gateway.stream("scan", "job-1", last_event_id))
+
+        assert frames == expected
+        assert feed.subscription.waits == 0
+        assert gateway.metrics.closed == Counter({"idle": 1})
+
+    async def test_a_viewer_that_saw_an_end_the_store_lost_is_ended_once_the_job_is_idle(
+        self,
+    ) -> None:
+        # The viewer got `done` (seq 3), published before a failover lost its write: the
+        # store's state stays at seq 2, and no end will come.
+        gateway, _ = await scripted_gateway(keepalive_s=1000, max_wait_s=3600, job_idle_s=600)
+        await gateway.produce("job-1", 1, 2)
+        gateway.h.clock.advance(100_000)
+        assert await gateway.stream.already_ended("scan", "job-1", 3) is False
+
+        frames = await collect(gateway.stream("scan", "job-1", 3))
+
+        assert frames == ["error:idle"]
+        assert gateway.h.clock.monotonic() == 600
+        assert await gateway.stream.already_ended("scan", "job-1", 3) is True
+
+    async def test_an_unknown_job_counts_from_the_connection(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=1000, max_wait_s=3600, job_idle_s=600)
+        gateway.h.clock.advance(5_000_000)
+
+        frames = await collect(gateway.stream("scan", "job-1", 7))
+
+        assert frames == ["snapshot:null", "error:idle"]
+        assert gateway.h.clock.monotonic() == 5000 + 600
+
+    async def test_the_wait_limit_still_ends_a_stream_first_when_shorter(self) -> None:
+        gateway, _ = await scripted_gateway(keepalive_s=1000, max_wait_s=300, job_idle_s=600)
+        await gateway.produce("job-1", 1)
+
+        frames = await collect(gateway.stream("scan", "job-1", 1))
+
+        assert frames == ["error:timeout"]
+        assert gateway.h.clock.monotonic() == 300
+
+    async def test_the_idle_end_rides_on_the_streams_one_wait(self) -> None:
+        # No timer of its own: a quiet stream whose keepalives its connection keeps waits
+        # once, until the idle limit.
+        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=3600, job_idle_s=600)
+        await gateway.produce("job-1", 1)
+        opened = await gateway.stream.open("scan", "job-1", 1)
+        opened.writer = RecordingWriter()
+
+        frames = describe([frame async for frame in opened])
+
+        assert frames == ["error:idle"]
+        assert feed.subscription.waits == 1
+        assert gateway.h.clock.monotonic() == 600
+
+    async def test_events_written_through_to_the_connection_put_off_the_idle_end(self) -> None:
+        # Real waits of at most 0.2 s; the clock that decides is the manual one.
+        gateway = Gateway(max_wait_s=60, job_idle_s=0.2)
+        await gateway.h.source.prepare()
+        opened = await gateway.stream.open("scan", "job-1")
+        writer = opened.writer = RecordingWriter()
+        viewer = Viewer(opened)
+        await eventually(lambda: viewer.seen == ["snapshot:null"])
+
+        gateway.h.clock.advance(150)
+        await gateway.produce("job-1", 1)
+        await eventually(lambda: len(writer.frames) == 1)
+        gateway.h.clock.advance(150)  # idle since the connection, not since the event
+        await asyncio.sleep(0.3)
+        assert viewer.seen == ["snapshot:null"]
+        gateway.h.clock.advance(100)
+
+        assert await viewer.ended() == ["snapshot:null", "error:idle"]
+        assert describe(writer.frames) == ["1:scan"]
+        assert gateway.metrics.closed == Counter({"idle": 1})
 
 
 class TestSlowClients:

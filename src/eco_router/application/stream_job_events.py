@@ -18,10 +18,15 @@ from eco_router.application.ports import (
     StateStore,
 )
 from eco_router.domain.sse import (
+    IDLE,
+    IDLE_FRAME,
     KEEPALIVE_FRAME,
     GatewayEvent,
+    end_reason,
     error_frame,
     event_frame,
+    idle_left_ms,
+    job_end,
     plan_replay,
     snapshot_frame,
 )
@@ -47,6 +52,8 @@ class StreamLimits:
 
     keepalive_s: float = 15.0
     max_wait_s: float = 300.0
+    # A job not heard of for this long, without its end, is given up as idle.
+    job_idle_s: float = 600.0
     history_size: int = 100
     # A history whose payloads exceed this may have lost events to the byte cap (None: no cap).
     history_trimmed_above_bytes: int | None = None
@@ -62,6 +69,13 @@ class StreamJobEvents:
     - Then live events; a seq at or below the last one sent on this connection is never sent.
     - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
+    - A job not heard of for `job_idle_s` without its end is idle (`job_end`): its end may
+      have been lost (a failover that lost the last writes) or it was abandoned. A client
+      that has its latest event gets `event: error` with `idle` and the end, at once on
+      (re)connecting when the job is idle already, else once it becomes so while the stream
+      waits; `already_ended` is then true. The job is last heard of when its latest stored
+      event was written, or when a live event reached the stream; a stream of a job never
+      heard of (unknown, expired) counts from its opening and just ends, like a timeout.
     - When the feed reports a gap (slow client, Pub/Sub reconnect): the history after the
       last event sent, by the same rule as a reconnect with that id: a snapshot first only
       when the history no longer reaches back to it, so the client is told of a real gap only.
@@ -70,9 +84,11 @@ class StreamJobEvents:
     - `open` subscribes and reads the replay before returning, so an unreachable Pub/Sub or
       state store fails the request (`StreamUnavailable`) instead of cutting an open stream; one
       that fails later ends the stream (reason `error`) and the client resumes.
-    - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`.
+    - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`;
+      for an idle job, `idle`.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
-      the job's terminal event, so the HTTP layer can tell it to stop reconnecting.
+      the job's terminal event or the latest event of an idle job, so the HTTP layer can
+      tell it to stop reconnecting.
     """
 
     def __init__(
@@ -91,9 +107,11 @@ class StreamJobEvents:
         self._clock = clock
         self._metrics = metrics
         self._limits = limits or StreamLimits()
+        self._idle_ms = round(self._limits.job_idle_s * 1000)
 
     async def already_ended(self, domain: str, job_id: str, last_event_id: int | None) -> bool:
-        """True when the job has ended at or below `last_event_id`: nothing is left to send."""
+        """True when the job has ended, or is idle, at or below `last_event_id`: nothing is
+        left to send and nothing is coming."""
         if last_event_id is None:
             return False
         try:
@@ -101,7 +119,8 @@ class StreamJobEvents:
         except TransientError as error:
             raise StreamUnavailable("state store") from error
         state = self._decoder.decode(view.state) if view.state is not None else None
-        return _has_end(state, last_event_id)
+        heard_ms = state.written_ms if state is not None else None
+        return self._end(state, last_event_id, heard_ms) is not None
 
     async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
         """Subscribe and read the replay now, so that a Pub/Sub or state store outage is an
@@ -153,6 +172,8 @@ class StreamJobEvents:
                 stream.reason = cursor.ended
                 return
             started = last_write = self._clock.monotonic()
+            # A job never heard of is given up as idle counting from here.
+            opened_ms = self._clock.now_ms()
             if writer is not None:
                 subscription.write_through(lambda event: self._write_through(event, cursor, writer))
                 # The connection keeps itself alive: on thousands of idle streams, a wake-up
@@ -165,14 +186,25 @@ class StreamJobEvents:
                     yield error_frame("timeout")
                     stream.reason = "timeout"
                     return
-                wait = wait_left
+                # The same wait, cut short at the idle limit: no timer of its own.
+                heard_ms = opened_ms if cursor.heard_ms is None else cursor.heard_ms
+                idle_left = idle_left_ms(
+                    last_heard_ms=heard_ms,
+                    now_ms=self._clock.now_ms(),
+                    idle_after_ms=self._idle_ms,
+                )
+                if idle_left <= 0:
+                    yield IDLE_FRAME
+                    stream.reason = IDLE
+                    return
+                wait = min(wait_left, idle_left / 1000)
                 if writer is None:
                     keepalive_left = last_write + self._limits.keepalive_s - now
                     if keepalive_left <= 0:
                         yield KEEPALIVE_FRAME
                         last_write = now
                         continue
-                    wait = min(wait_left, keepalive_left)
+                    wait = min(wait, keepalive_left)
                 item = await subscription.next(wait)
                 if item is None:
                     continue
@@ -228,9 +260,25 @@ class StreamJobEvents:
                     break
         if sent:
             self._metrics.events_sent(sent, replayed=True)
-        if state is not None and _has_end(state, cursor.last_sent):
-            cursor.ended = _end_reason(state)  # the client already has the end of this job
+        if state is not None and state.written_ms is not None:
+            cursor.heard_ms = max(state.written_ms, cursor.heard_ms or 0)
+        if cursor.ended is None:
+            # The client already has the end of this job, or the latest event of an idle one.
+            cursor.ended = self._end(state, cursor.last_sent, cursor.heard_ms)
+            if cursor.ended == IDLE:
+                frames.append(IDLE_FRAME)
         return frames
+
+    def _end(
+        self, state: GatewayEvent | None, last_sent: int | None, heard_ms: int | None
+    ) -> str | None:
+        return job_end(
+            state,
+            last_sent,
+            last_heard_ms=heard_ms,
+            now_ms=self._clock.now_ms(),
+            idle_after_ms=self._idle_ms,
+        )
 
     def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
         """A live event written at once, from the feed's fan-out, while the stream waits: no
@@ -248,20 +296,13 @@ class StreamJobEvents:
             if cursor.overtaken(event):
                 self._metrics.event_overtaken()
             return []
+        now_ms = self._clock.now_ms()
+        # Heard of now: an event routed late (written long ago) is still a sign of life.
+        cursor.heard_ms = now_ms
         self._metrics.events_sent(1, replayed=False)
         if event.written_ms is not None:
-            self._metrics.delivered(max(0.0, float(self._clock.now_ms() - event.written_ms)))
+            self._metrics.delivered(max(0.0, float(now_ms - event.written_ms)))
         return [event_frame(event)]
-
-
-def _end_reason(event: GatewayEvent) -> str:
-    """Why a stream ended at this terminal event: `done`, or `failed` for a job that failed."""
-    return "failed" if event.name == "error" else event.name
-
-
-def _has_end(state: GatewayEvent | None, last_sent: int | None) -> bool:
-    """Whether a client that got `last_sent` has the job's terminal event."""
-    return state is not None and state.terminal and last_sent is not None and state.seq <= last_sent
 
 
 class JobStream:
@@ -305,13 +346,15 @@ class JobStream:
 
 
 class _Cursor:
-    """The last seq sent on this connection, what it sent, and how the stream ended."""
+    """The last seq sent on this connection, what it sent, when the job was last heard of
+    (wall-clock ms, None until known) and how the stream ended."""
 
-    __slots__ = ("_resumed_after", "_sent", "ended", "last_sent")
+    __slots__ = ("_resumed_after", "_sent", "ended", "heard_ms", "last_sent")
 
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
+        self.heard_ms: int | None = None
         self._resumed_after = last_event_id
         # Made at the first event sent: many streams wait long before theirs.
         self._sent: set[int] | None = None
@@ -325,7 +368,7 @@ class _Cursor:
         else:
             self._sent.add(event.seq)
         if event.terminal:
-            self.ended = _end_reason(event)
+            self.ended = end_reason(event)
         return True
 
     def overtaken(self, event: GatewayEvent) -> bool:

@@ -79,6 +79,49 @@ def error_frame(reason: str) -> bytes:
 
 KEEPALIVE_FRAME = b": keepalive\n\n"
 
+# Why a stream ended at the job's side: its end (`done`, `failed`), or no end coming (`idle`).
+IDLE = "idle"
+IDLE_FRAME = error_frame(IDLE)
+
+
+def end_reason(event: GatewayEvent) -> str:
+    """Why a stream ends at this terminal event: `done`, or `failed` for a job that failed."""
+    return "failed" if event.name == "error" else event.name
+
+
+def idle_left_ms(*, last_heard_ms: int, now_ms: int, idle_after_ms: int) -> int:
+    """How long until a job last heard of at `last_heard_ms` is idle (0 or less: it is)."""
+    return last_heard_ms + idle_after_ms - now_ms
+
+
+def job_end(
+    state: GatewayEvent | None,
+    last_sent: int | None,
+    *,
+    last_heard_ms: int | None,
+    now_ms: int,
+    idle_after_ms: int,
+) -> str | None:
+    """Why a client that got `last_sent` has nothing more coming from this job, else None.
+
+    - `done` or `failed`: the job's terminal event is at or below `last_sent`.
+    - `idle`: the client has the job's latest event, which is not terminal, and nothing was
+      heard of the job for `idle_after_ms` (`last_heard_ms`: the latest event's write time,
+      or a later live event's arrival). Its end may have been lost (a failover that lost
+      the last writes), or it was abandoned; either way none is coming.
+    - A job with no state (unknown, not started yet, or expired) or not heard of at a known
+      time is neither: nothing says it will not go on.
+    """
+    if state is None or last_sent is None or state.seq > last_sent:
+        return None
+    if state.terminal:
+        return end_reason(state)
+    if last_heard_ms is not None and (
+        idle_left_ms(last_heard_ms=last_heard_ms, now_ms=now_ms, idle_after_ms=idle_after_ms) <= 0
+    ):
+        return IDLE
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:

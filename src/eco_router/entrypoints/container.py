@@ -223,6 +223,7 @@ class Container(containers.DeclarativeContainer):
         StreamLimits,
         keepalive_s=settings.provided.sse_keepalive_s,
         max_wait_s=settings.provided.sse_max_wait_s,
+        job_idle_s=settings.provided.sse_job_idle_s,
         history_size=settings.provided.history_size,
         history_trimmed_above_bytes=settings.provided.history_trimmed_above_bytes,
     )

@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     sse_keepalive_s: float = Field(15, gt=0)
     sse_max_wait_s: float = Field(300, gt=0)
+    # A job with no event for this long and no end is idle (its end lost, or abandoned): its
+    # streams end with `event: error` (`idle`) and a resuming client gets 204.
+    sse_job_idle_s: float = Field(600, gt=0)
     sse_queue_size: int = Field(256, ge=2, le=100_000)
     # Bounds on clients of `serve` (slow, idle or too many connections).
     sse_max_per_client: int = Field(32, ge=1, le=100_000)

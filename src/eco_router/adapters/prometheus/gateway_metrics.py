@@ -25,7 +25,8 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._closed = Counter(
             "event_router_gateway_connections_closed",
-            "SSE connections closed by reason: done, failed, timeout, disconnect, shutdown, error.",
+            "SSE connections closed by reason: done, failed, idle, timeout, disconnect, shutdown, "
+            "error.",
             ["reason"],
             registry=registry,
         )
