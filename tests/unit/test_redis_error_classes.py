@@ -3,9 +3,15 @@ shaped exactly as redis-py parses them."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import string
+import struct
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
+import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.base import BaseParser
@@ -13,6 +19,7 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.errors import (
     TRANSIENT_CODES,
     is_transient,
@@ -115,6 +122,59 @@ class TestConnectionClosedUnderACommand:
         with pytest.raises(AttributeError) as caught:
             broken()
         assert not is_transient(caught.value)
+
+
+async def hung_up_on() -> Connection:
+    """A connection its peer reset, seen by the loop (which closed the transport) but not yet
+    by redis-py, which still holds the writer. Nothing but a loopback socket is dialled."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        peer, _ = listener.accept()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()
+    with pytest.raises(ConnectionResetError):
+        await reader.read()
+    connection = Connection(host="127.0.0.1", port=1)
+    connection._reader, connection._writer = reader, writer
+    return connection
+
+
+def on_uvloop(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
+
+
+class TestATransportTheLoopClosed:
+    """uvloop raises RuntimeError on a write to a closed transport, where asyncio's drops it."""
+
+    def test_writing_on_it_is_a_transient_port_error(self) -> None:
+        async def scenario() -> None:
+            connection = await hung_up_on()
+            with (
+                pytest.raises(TransientError, match="SUBSCRIBE: RuntimeError"),
+                redis_errors("SUBSCRIBE"),
+            ):
+                await connection._send_packed_command([b"PING"])
+
+        on_uvloop(scenario)
+
+    def test_a_connection_writing_on_it_raises_redis_pys_connection_error(self) -> None:
+        translate_closed_writes()
+
+        async def scenario() -> None:
+            connection = await hung_up_on()
+            with pytest.raises(RedisConnectionError, match="closed under the write"):
+                await connection.send_packed_command([b"PING"], check_health=False)
+            assert not connection.is_connected
+
+        on_uvloop(scenario)
+
+    def test_a_runtime_error_of_our_own_is_not_taken_for_one(self) -> None:
+        def broken() -> None:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+        with pytest.raises(RuntimeError), redis_errors("SUBSCRIBE"):
+            broken()
 
 
 class TestPermanent:

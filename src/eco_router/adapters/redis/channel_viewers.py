@@ -144,7 +144,9 @@ class ChannelViewers:
         for channel in self._confirmed if channels is None else channels:
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():
-                confirmed.set_exception(TransientError(f"subscribe {channel}: {error}"))
+                refused = TransientError(f"subscribe {channel}: {error}")
+                refused.__cause__ = error
+                confirmed.set_exception(refused)
                 # Nobody may be waiting any more (the viewer gave up first).
                 confirmed.exception()
 

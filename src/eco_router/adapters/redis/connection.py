@@ -18,6 +18,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 
+from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.command_packing import pack_commands_with_hiredis
 from eco_router.adapters.redis.topology import (
     ClusterSeeds,
@@ -65,6 +66,7 @@ def redis_client(
     the handshake of every new connection (it calls `connection.on_connect()` itself).
     """
     pack_commands_with_hiredis()
+    translate_closed_writes()
     topology = parse_redis_url(url)
     hook: dict[str, Any] = {"redis_connect_func": on_connect} if on_connect else {}
     common: dict[str, Any] = {
@@ -131,6 +133,7 @@ def sync_redis_client(url: str) -> redis.Redis | redis.cluster.RedisCluster:
 def async_redis_client(url: str) -> RedisClient:
     """An asyncio client for `url` with redis-py's defaults, for the producer SDK."""
     pack_commands_with_hiredis()
+    translate_closed_writes()
     topology = parse_redis_url(url)
     if isinstance(topology, Standalone):
         return Redis.from_url(url)

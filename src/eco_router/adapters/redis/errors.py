@@ -80,22 +80,48 @@ def error_code(error: ResponseError) -> str:
 
 # Where redis-py reads and writes a connection's socket.
 _CONNECTION_MODULES = ("redis.connection", "redis.asyncio.connection", "redis._parsers")
+# The event loop's own code, which redis-py's socket I/O calls into: asyncio's streams and
+# transports, uvloop's (whose Cython frames are named after their module too).
+_LOOP_MODULES = ("asyncio.", "uvloop")
+# What a stream, its transport or redis-py's own attributes raise once closed: see below.
+CLOSED_ERRORS: tuple[type[Exception], ...] = (AttributeError, RuntimeError, TypeError)
 
 
 def closed_under_command(error: BaseException) -> bool:
     """Whether `error` is redis-py failing on a connection closed while a command used it.
 
-    Its asyncio cluster client closes a node's connections when it learns a new slot map (a
-    failover), also those other tasks are sending on or reading from; these fail with an
-    AttributeError on the gone reader or writer instead of a ConnectionError.
+    Connections are shared by tasks: a PubSub's by its reader and every SUBSCRIBE or
+    UNSUBSCRIBE, a cluster node's by the client that closes them all when it learns a new
+    slot map. redis-py checks that a connection is open, then writes after an await (the
+    `wait_for` it wraps each send in when a socket timeout is set, a health check): another
+    task that disconnected it meanwhile left `_writer` None (AttributeError: 'NoneType' object
+    has no attribute 'writelines'). A transport the event loop closed (the peer hung up) before
+    redis-py's reader noticed fails the write itself: uvloop raises RuntimeError ("unable to
+    perform operation on <TCPTransport closed=True>"), CPython 3.12+ a TypeError (its
+    `writelines` calls a cleared `_write_ready`). redis-py turns only OSError into its
+    ConnectionError, so these pass it raw (redis/redis-py#4287).
+
+    Recognised by where they were raised, not by their text: in redis-py's socket I/O
+    itself, or in the event loop's code it called, with nothing else in between.
     """
-    if not isinstance(error, AttributeError) or error.__traceback__ is None:
+    if not isinstance(error, CLOSED_ERRORS):
         return False
-    innermost = error.__traceback__
-    while innermost.tb_next is not None:
-        innermost = innermost.tb_next
-    module = str(innermost.tb_frame.f_globals.get("__name__", ""))
-    return module.startswith(_CONNECTION_MODULES)
+    in_connection = False
+    below: list[str] = []  # the modules of the frames below redis-py's innermost one
+    frame = error.__traceback__
+    while frame is not None:
+        module = str(frame.tb_frame.f_globals.get("__name__", ""))
+        if module.startswith(_CONNECTION_MODULES):
+            in_connection, below = True, []
+        else:
+            below.append(module)
+        frame = frame.tb_next
+    if not in_connection:
+        return False
+    if not below:
+        # On its own reader or writer, gone: only an AttributeError means that.
+        return isinstance(error, AttributeError)
+    return all(module.startswith(_LOOP_MODULES) for module in below)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -130,7 +156,7 @@ def redis_errors(
         yield
     except _REDIS_ERRORS as error:
         raise port_error(error, what, key=key, transient_type=error_type) from error
-    except AttributeError as error:
+    except CLOSED_ERRORS as error:
         if not closed_under_command(error):
             raise
         raise port_error(error, what, key=key, transient_type=error_type) from error

@@ -9,8 +9,9 @@ import logging
 from redis.asyncio import Redis
 
 from eco_router.adapters.redis.channel_viewers import ChannelViewers, Viewer
-from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, redis_errors
+from eco_router.adapters.redis.errors import is_transient, port_error, redis_errors
 from eco_router.application.backoff import Backoff
+from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     EventDecoder,
@@ -120,8 +121,10 @@ class RedisPubSubEventFeed(EventFeed):
     async def leave(self, viewer: Viewer) -> None:
         async with self._lock:
             # A closed connection has dropped every subscription: nothing left to unsubscribe.
+            # A lost one drops them too; it fails whatever way the loop tells it (redis-py's
+            # ConnectionError, or a write on a connection closed under it: see errors.py).
             if self._viewers.leave(viewer) and not self._stopped:
-                with contextlib.suppress(*TRANSIENT_REDIS_ERRORS):
+                with contextlib.suppress(TransientError), redis_errors("unsubscribe"):
                     await self._pubsub.unsubscribe(viewer.channel)
 
     async def _read(self) -> None:
@@ -137,27 +140,30 @@ class RedisPubSubEventFeed(EventFeed):
                     self._health.recovered()
                     self._metrics.feed_recovered()
                 backoff.reset()
-            except TRANSIENT_REDIS_ERRORS as error:
-                if not backoff.failing:
-                    log.warning("Pub/Sub connection lost, reconnecting: %s", error)
-                    self._metrics.feed_failed()
-                self._health.failing(f"Pub/Sub connection lost: {error}")
-                self._viewers.fail_unconfirmed(error)
-                await asyncio.sleep(backoff.next_delay())
-                continue
             except Exception as error:
-                # A refused subscription (an ACL without the channel) or a reply the client
-                # cannot parse: the reader stays, or every later viewer would wait in vain.
-                if not backoff.failing:
-                    name = type(error).__name__
-                    log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
-                    self._metrics.feed_failed()
-                self._health.failing(f"Pub/Sub reader failed: {type(error).__name__}: {error}")
-                self._viewers.fail_unconfirmed(error)
+                # A lost connection (however it fails), or a refused subscription (an ACL
+                # without the channel) or a reply the client cannot parse: the reader stays,
+                # or every later viewer would wait in vain.
+                self._failed(error, logged=backoff.failing)
                 await asyncio.sleep(backoff.next_delay())
                 continue
             if message is not None:
                 self._dispatch(message)
+
+    def _failed(self, error: Exception, *, logged: bool) -> None:
+        """The reader failed: health and metrics say so, viewers waiting are refused (503)."""
+        name = type(error).__name__
+        if is_transient(error):
+            if not logged:
+                log.warning("Pub/Sub connection lost, reconnecting: %s: %s", name, error)
+            self._health.failing(f"Pub/Sub connection lost: {name}: {error}")
+        else:
+            if not logged:
+                log.error("Pub/Sub reader failed, retrying: %s: %s", name, error)
+            self._health.failing(f"Pub/Sub reader failed: {name}: {error}")
+        if not logged:
+            self._metrics.feed_failed()
+        self._viewers.fail_unconfirmed(port_error(error, "read Pub/Sub"))
 
     def _dispatch(self, message: dict[str, object]) -> None:
         kind = message.get("type")

@@ -8,6 +8,7 @@ import redis
 import redis.cluster
 
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
+from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
@@ -28,6 +29,9 @@ class AsyncStreamPublisher(ProgressPublisher):
     """Publishes progress events from asyncio code; returns the stream entry id."""
 
     def __init__(self, client: RedisClient, config: ProducerConfig) -> None:
+        # Also on a client of the caller's: a connection closed under a call then fails as
+        # redis-py's ConnectionError (after its retry), not as the event loop's raw error.
+        translate_closed_writes()
         self.config = config
         self._client = client
         self._script = client.register_script(load_lua("publish_once.lua"))

@@ -14,7 +14,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
 from eco_router.adapters.redis.channel_viewers import ChannelViewers, Viewer
-from eco_router.adapters.redis.errors import TRANSIENT_REDIS_ERRORS, redis_errors
+from eco_router.adapters.redis.errors import redis_errors
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
@@ -143,7 +143,8 @@ class RedisShardedPubSubEventFeed(EventFeed):
             # Closed links have dropped every subscription: nothing left to unsubscribe.
             if link is not None and not self._stopped:
                 link.channels.discard(viewer.channel)
-                with contextlib.suppress(*TRANSIENT_REDIS_ERRORS):
+                # However the loop tells of a lost connection: see errors.py.
+                with contextlib.suppress(TransientError), redis_errors("sunsubscribe"):
                     await link.pubsub.sunsubscribe(viewer.channel)
 
     async def _place(self, channel: str) -> None:
