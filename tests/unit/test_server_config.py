@@ -13,6 +13,7 @@ from eco_router.entrypoints.http.protocols import (
     HeaderTimeoutProtocol,
     HttpToolsHeaderTimeoutProtocol,
 )
+from eco_router.entrypoints.http.request_bounds import RequestLimits
 from eco_router.entrypoints.http.server_config import (
     MIN_REFUSED,
     ConnectionLimits,
@@ -43,6 +44,18 @@ class TestSettings:
             settings.http_shutdown_timeout_s,
         ) == (32, 1000, 10, 5, 10)
 
+    def test_the_request_bounds_default_to_the_documented_values(self) -> None:
+        settings = load_settings()
+
+        assert settings.http_max_connections_per_client == 64
+        assert settings.request_limits == RequestLimits(
+            max_head_bytes=32 * 1024,
+            max_request_line_bytes=8 * 1024,
+            max_headers=100,
+            max_body_bytes=64 * 1024,
+            body_timeout_s=10,
+        )
+
     @pytest.mark.parametrize(
         ("variable", "value"),
         [
@@ -52,6 +65,12 @@ class TestSettings:
             ("EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S", "soon"),
             ("EVENT_ROUTER_HTTP_SHUTDOWN_TIMEOUT_S", "0"),
             ("EVENT_ROUTER_HTTP_PARSER", "llhttp"),
+            ("EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT", "-1"),
+            ("EVENT_ROUTER_HTTP_MAX_HEADER_BYTES", "100"),
+            ("EVENT_ROUTER_HTTP_MAX_HEADERS", "0"),
+            ("EVENT_ROUTER_HTTP_MAX_REQUEST_LINE_BYTES", "8k"),
+            ("EVENT_ROUTER_HTTP_MAX_BODY_BYTES", "0"),
+            ("EVENT_ROUTER_HTTP_BODY_TIMEOUT_S", "0"),
         ],
     )
     def test_a_bound_that_would_refuse_everything_is_refused(
@@ -61,6 +80,23 @@ class TestSettings:
 
         with pytest.raises(ConfigError, match=variable):
             load_settings()
+
+    def test_a_cap_per_address_below_the_streams_per_address_is_one_clear_line(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT", "16")
+
+        with pytest.raises(ConfigError) as refused:
+            load_settings()
+
+        [line] = str(refused.value).splitlines()
+        assert "EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT must be 0 (no cap)" in line
+        assert "EVENT_ROUTER_SSE_MAX_PER_CLIENT" in line
+
+    def test_zero_connections_per_address_is_no_cap(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT", "0")
+
+        assert load_settings().http_max_connections_per_client == 0
 
 
 class TestServerConfig:
@@ -80,6 +116,27 @@ class TestServerConfig:
         assert config.timeout_graceful_shutdown == 25
         # uvicorn refuses once this many are open, the asking one included: 50 are served.
         assert config.limit_concurrency == 51
+
+    def test_the_request_bounds_reach_the_protocols_through_the_config(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("FORWARDED_ALLOW_IPS", "10.0.0.0/8")
+        settings = load_settings(
+            http_max_header_bytes=4096,
+            http_max_body_bytes=2048,
+            http_body_timeout_s=3,
+            http_max_connections_per_client=40,
+        )
+
+        config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
+
+        assert config.request_limits == settings.request_limits
+        # h11 would hold a head as long as its own limit: never longer than the gateway's.
+        assert config.h11_max_incomplete_event_size == 4096
+        clients = config.client_connections
+        assert all(clients.admit("192.0.2.7") for _ in range(40))
+        assert not clients.admit("192.0.2.7")
+        assert clients.admit("10.1.2.3")  # a trusted proxy: never capped
 
     def test_h11_can_be_chosen_instead_of_httptools(self) -> None:
         settings = load_settings(http_parser="h11")

@@ -33,11 +33,13 @@ from eco_router.domain.streams import StreamFamily
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.cors import parse_origins
 from eco_router.entrypoints.http.protocols import HttpParserChoice
+from eco_router.entrypoints.http.request_bounds import RequestLimits
 from eco_router.producer import DOMAIN_VARIABLE, SHARDS_VARIABLE
 
 _ENV_PREFIX = "EVENT_ROUTER_"
 # Read by the producer SDK, not by the router: a shared environment may well hold them.
 _PRODUCER_VARIABLES = frozenset({DOMAIN_VARIABLE, SHARDS_VARIABLE})
+_REQUEST_LIMITS = RequestLimits()
 
 
 def default_consumer_name() -> str:
@@ -140,6 +142,16 @@ class Settings(BaseSettings):
     http_idle_timeout_s: int = Field(5, ge=1, le=3600)
     http_shutdown_timeout_s: float = Field(10, gt=0, le=3600)
     http_parser: HttpParserChoice = "httptools"
+    # 0: no cap per address (behind a proxy that is not in FORWARDED_ALLOW_IPS).
+    http_max_connections_per_client: int = Field(64, ge=0, le=1_000_000)
+    # What one request may send (the request line counts toward the header bytes).
+    http_max_header_bytes: int = Field(_REQUEST_LIMITS.max_head_bytes, ge=1024, le=16 * 2**20)
+    http_max_headers: int = Field(_REQUEST_LIMITS.max_headers, ge=8, le=10_000)
+    http_max_request_line_bytes: int = Field(
+        _REQUEST_LIMITS.max_request_line_bytes, ge=256, le=16 * 2**20
+    )
+    http_max_body_bytes: int = Field(_REQUEST_LIMITS.max_body_bytes, ge=1024, le=2**30)
+    http_body_timeout_s: float = Field(_REQUEST_LIMITS.body_timeout_s, gt=0, le=3600)
     # Pods need every interface so the kubelet's probes and Prometheus reach the worker's port;
     # it serves only /health, /ready and /metrics, never job data.
     http_host: str = "0.0.0.0"
@@ -245,10 +257,30 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_connections_per_client(self) -> Settings:
+        cap = self.http_max_connections_per_client
+        if cap and cap < self.sse_max_per_client:
+            raise ValueError(
+                "EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT must be 0 (no cap) or at least "
+                "EVENT_ROUTER_SSE_MAX_PER_CLIENT: each stream holds a connection"
+            )
+        return self
+
     @property
     def history_trimmed_above_bytes(self) -> int:
         """A history trimmed by bytes keeps more than the cap less its largest event."""
         return self.history_max_bytes - self.max_result_bytes
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_head_bytes=self.http_max_header_bytes,
+            max_request_line_bytes=self.http_max_request_line_bytes,
+            max_headers=self.http_max_headers,
+            max_body_bytes=self.http_max_body_bytes,
+            body_timeout_s=self.http_body_timeout_s,
+        )
 
     @property
     def event_size_limits(self) -> EventSizeLimits:

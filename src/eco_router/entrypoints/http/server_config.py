@@ -12,6 +12,11 @@ import uvicorn
 from eco_router.entrypoints.event_loop import uvicorn_loop
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites
 from eco_router.entrypoints.http.protocols import HttpParserChoice, http_protocol
+from eco_router.entrypoints.http.request_bounds import (
+    ClientConnections,
+    RequestLimits,
+    TrustedAddresses,
+)
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -20,6 +25,7 @@ log = logging.getLogger(__name__)
 _SPARE_FDS = 64
 # Past the cap, at least this many connections get their 503 before any is closed unanswered.
 MIN_REFUSED = 16
+DEFAULT_REQUEST_LIMITS = RequestLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +49,10 @@ class ConnectionLimits:
 
 
 class GatewayConfig(uvicorn.Config):
-    """uvicorn's configuration plus the request header read timeout it lacks, the number
-    of connections past which a new one is dropped unanswered, and what its connections share
-    for live frames written straight to them (the turn's batch, the keepalive sweep)."""
+    """uvicorn's configuration plus the request header read timeout it lacks, what one
+    request may send, the number of connections past which a new one is dropped unanswered
+    (in all, and per client address), and what its connections share for live frames written
+    straight to them (the turn's batch, the keepalive sweep)."""
 
     def __init__(
         self,
@@ -54,6 +61,8 @@ class GatewayConfig(uvicorn.Config):
         header_timeout_s: float,
         limits: ConnectionLimits,
         parser: HttpParserChoice = "httptools",
+        requests: RequestLimits = DEFAULT_REQUEST_LIMITS,
+        max_connections_per_client: int = 0,
         **options: Any,
     ) -> None:
         # uvicorn answers 503 once this many are open, counting the one asking.
@@ -62,10 +71,17 @@ class GatewayConfig(uvicorn.Config):
             http=http_protocol(parser),
             limit_concurrency=limits.cap + 1,
             backlog=accept_backlog(limits.cap),
+            # h11 holds a head whole before it parses it; the head's limit is met first.
+            h11_max_incomplete_event_size=requests.max_head_bytes,
             **options,
         )
         self.header_timeout_s = header_timeout_s
         self.drop_above = limits.drop_above
+        self.request_limits = requests
+        # The proxies whose X-Forwarded-For uvicorn trusts carry many clients' connections.
+        self.client_connections = ClientConnections(
+            max_connections_per_client, TrustedAddresses(self.forwarded_allow_ips)
+        )
         self.connection_writes = ConnectionWrites()
 
 
@@ -95,6 +111,8 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int) -> Gate
         parser=settings.http_parser,
         timeout_keep_alive=settings.http_idle_timeout_s,
         limits=connection_limits(settings.http_max_connections),
+        requests=settings.request_limits,
+        max_connections_per_client=settings.http_max_connections_per_client,
     )
 
 
