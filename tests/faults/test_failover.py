@@ -221,3 +221,95 @@ def _wait_for_promotion(group: SentinelGroup | ClusterGroup, old: RedisServer) -
     if isinstance(group, ClusterGroup):
         return group.wait_for_failover(old)
     return group.wait_for_new_master(old)
+
+
+# Scenario 15: a failover asked of Sentinel while the master is healthy (an operator, a rolling
+# update of the Redis pods). The old master is neither killed nor paused: it stays up and
+# accepts writes until Sentinel turns it into a replica of the promoted one, which then throws
+# away whatever was written to it meanwhile. Clients that go on writing to it lose those
+# writes; with WAIT 1 nothing acknowledged may be among them.
+COMMANDED = Failover("sentinel", "streams", 15)
+
+
+class TestFailoverAskedOfSentinelUnderLoad:
+    @pytest.mark.parametrize(
+        ("case", "scenario"),
+        [
+            pytest.param(
+                COMMANDED,
+                Scenario(
+                    COMMANDED.number,
+                    "sentinel-streams-commanded-failover",
+                    "Redis Sentinel: SENTINEL FAILOVER under load, the old master up and "
+                    "writable until Sentinel demotes it",
+                    sizes,
+                ),
+                id=f"sentinel-streams-commanded-{sizes.name}",
+            )
+            for sizes in DURABILITY
+        ],
+    )
+    async def test_nothing_acknowledged_with_wait_is_lost_and_the_old_master_is_left_at_once(
+        self,
+        case: Failover,
+        scenario: Scenario,
+        group: SentinelGroup,
+        pubsub_server: RedisServer,
+        tmp_path: Path,
+    ) -> None:
+        durable = scenario.sizes.producer_wait_replicas > 0
+        async with contextlib.AsyncExitStack() as stack:
+            rig = FaultRig(tmp_path, scenario, streams_url=group.url, pubsub_url=pubsub_server.url)
+            stack.push_async_callback(rig.aclose)
+            rig.unreplicated_loss_allowed = not durable
+            rig.figures.params |= {
+                "topology": TOPOLOGY_NAMES[case.topology],
+                "failover": "SENTINEL FAILOVER (old master up)",
+                "wait": "1 (producer and routers)" if durable else "off",
+            }
+            workers = await rig.start(workers=2)
+            await rig.start_load()
+            await rig.load.until_routed(MID_LOAD)
+
+            asked_at = time.monotonic()
+            asked_ms = int(time.time() * 1000)
+            old = group.failover()
+            await asyncio.to_thread(group.wait_for_new_master, old)
+            promoted_ms = int(time.time() * 1000)
+            promoted_s = round(time.monotonic() - asked_at, 2)
+            rig.require(not rig.load.done, "the load ended before the replica was promoted")
+            rig.recover_from("the failover", at=asked_at)
+            await asyncio.to_thread(group.wait_rejoined, old, 60.0)
+            demoted_s = round(time.monotonic() - asked_at, 2)
+            # Only now is the old master's own history replaced by the new master's.
+            vanished = await rig.find_vanished()
+            # Entry ids carry the writing master's clock (one machine here): the last write
+            # the old master took after the promotion closes the window in which it was used.
+            written_ms = [int(entry_id.partition("-")[0]) for _, entry_id in vanished]
+            window_ms = max((ms - promoted_ms for ms in written_ms), default=0)
+
+            await rig.settle(timeout_s=120)
+            rig.figures.params |= {
+                "replica_promoted_after_s": promoted_s,
+                "old_master_a_replica_after_s": demoted_s,
+                "acknowledged_entries_gone_with_the_old_master": len(vanished),
+                "old_master_written_after_promotion_ms": max(0, window_ms),
+                "written_from_failover_asked_ms": (
+                    max(written_ms) - asked_ms if written_ms else 0
+                ),
+                "lost_unreplicated": rig.figures.lost_unreplicated,
+                "pending_at_end": rig.findings.pending,
+            }
+            if durable:
+                rig.require(
+                    not vanished,
+                    f"{len(vanished)} entries acknowledged with WAIT 1 gone after the failover: "
+                    f"{sorted(vanished)[:10]}",
+                )
+            rolled_back = dict(rig.findings.wrong_states)
+            rig.figures.params["job_states_behind_at_end"] = len(rolled_back)
+            if not durable:
+                rig.findings.wrong_states.clear()
+            for router in (*workers, rig.gateway):
+                rig.require(router.exit_code is None, f"{router.name} exited")
+            rig.conclude()

@@ -249,6 +249,17 @@ class SentinelGroup:
 
         return _poll(promoted, timeout=timeout, what="a new master", logs=self._logs)
 
+    def failover(self) -> RedisServer:
+        """Ask a Sentinel for a failover (`SENTINEL FAILOVER`, as an operator or a rolling
+        update does) and return the master it replaces, which stays up and writable until
+        Sentinel turns it into a replica."""
+        old = self.master()
+        for sentinel in self._sentinels:
+            if sentinel.running:
+                resp.call(sentinel.port, "SENTINEL", "FAILOVER", self._master_name)
+                return old
+        raise RuntimeError("no Sentinel is running")
+
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
         """Start a stopped data node again and block until it is an in-sync replica of the
         current master that every Sentinel sees up.
@@ -257,6 +268,11 @@ class SentinelGroup:
         it has reported the wrong role for 8 s, so this takes that long.
         """
         server.start()
+        self.wait_rejoined(server, timeout)
+
+    def wait_rejoined(self, server: RedisServer, timeout: float = 30.0) -> None:
+        """Block until a running data node is an in-sync replica of the current master that
+        every Sentinel sees up (a former master that stayed up, after a failover)."""
 
         def rejoined() -> bool | None:
             if not _in_sync_replica_of(server, self.master()):

@@ -20,6 +20,12 @@ from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.command_packing import pack_commands_with_hiredis
+from eco_router.adapters.redis.failover_watch import (
+    WatchedSentinelConnection,
+    WatchedSentinelPoolMixin,
+    WatchedSentinelSSLConnection,
+    watch_failovers,
+)
 from eco_router.adapters.redis.topology import (
     ClusterSeeds,
     Credentials,
@@ -44,9 +50,17 @@ ConnectHook = Callable[[AbstractConnection], Awaitable[None]]
 RedisClient = Redis | RedisCluster
 
 
-class BlockingSentinelConnectionPool(SentinelConnectionPool, BlockingConnectionPool):
+class BlockingSentinelConnectionPool(
+    WatchedSentinelPoolMixin, SentinelConnectionPool, BlockingConnectionPool
+):
     """A Sentinel-managed pool that waits for a free connection past its cap, like the
-    standalone one, instead of failing the command."""
+    standalone one, instead of failing the command, and leaves the old master as soon as
+    the sentinels announce a failover."""
+
+
+class WatchedSentinelConnectionPool(WatchedSentinelPoolMixin, SentinelConnectionPool):
+    """redis-py's Sentinel-managed pool, leaving the old master as soon as the sentinels
+    announce a failover."""
 
 
 def redis_client(
@@ -93,10 +107,12 @@ def redis_client(
             topology.master_name,
             redis_class=Redis,
             connection_pool_class=BlockingSentinelConnectionPool,
+            connection_class=_watched_connection(topology),
             max_connections=max_connections,
             timeout=socket_timeout_s,
             **hook,
         )
+        watch_failovers(client, list(sentinel.sentinels))
         return client, list(sentinel.sentinels)
     assert isinstance(topology, ClusterSeeds)
     cluster = RedisCluster(
@@ -139,12 +155,23 @@ def async_redis_client(url: str) -> RedisClient:
         return Redis.from_url(url)
     if isinstance(topology, SentinelGroup):
         sentinel = Sentinel(topology.sentinels, **_sentinel_group_kwargs(topology))  # type: ignore[no-untyped-call]
-        client: Redis = sentinel.master_for(topology.master_name, redis_class=Redis)
+        client: Redis = sentinel.master_for(
+            topology.master_name,
+            redis_class=Redis,
+            connection_pool_class=WatchedSentinelConnectionPool,
+            connection_class=_watched_connection(topology),
+        )
+        watch_failovers(client, list(sentinel.sentinels))
         return client
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in topology.nodes],
         **_credential_kwargs(topology.credentials),
     )
+
+
+def _watched_connection(topology: SentinelGroup) -> type[WatchedSentinelConnection]:
+    tls = topology.credentials.tls
+    return WatchedSentinelSSLConnection if tls else WatchedSentinelConnection
 
 
 def _sentinel_group_kwargs(topology: SentinelGroup, **common: Any) -> dict[str, Any]:
