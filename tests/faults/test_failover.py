@@ -294,9 +294,7 @@ class TestFailoverAskedOfSentinelUnderLoad:
                 "old_master_a_replica_after_s": demoted_s,
                 "acknowledged_entries_gone_with_the_old_master": len(vanished),
                 "old_master_written_after_promotion_ms": max(0, window_ms),
-                "written_from_failover_asked_ms": (
-                    max(written_ms) - asked_ms if written_ms else 0
-                ),
+                "written_from_failover_asked_ms": (max(written_ms) - asked_ms if written_ms else 0),
                 "lost_unreplicated": rig.figures.lost_unreplicated,
                 "pending_at_end": rig.findings.pending,
             }
