@@ -88,6 +88,7 @@ class FailoverWatch:
         self._dropping: set[asyncio.Task[None]] = set()
         # The last failover announced: (the master replaced, the one promoted).
         self.moved: tuple[Address, Address] | None = None
+        self._moved_at = 0.0
         # The sentinels (their clients' ids) whose announcements arrive now.
         self.listening: set[int] = set()
 
@@ -129,10 +130,14 @@ class FailoverWatch:
 
     def promoted_in_place_of(self, address: Address) -> Address:
         """The master announced in place of `address` (a sentinel that has not heard of the
-        failover yet still names the old one), else `address`."""
-        if self.moved is not None and self.moved[0] == address:
-            return self.moved[1]
-        return address
+        failover yet still names the old one), else `address`. Only for `HOLD_S` after the
+        announcement: by then every sentinel knows, and a later failover back to `address`
+        this watch missed must not be overruled."""
+        if self.moved is None or self.moved[0] != address:
+            return address
+        if asyncio.get_running_loop().time() - self._moved_at > HOLD_S:
+            return address
+        return self.moved[1]
 
     def on_announcement(self, channel: str, data: str) -> None:
         meaning = announced(self._pool.service_name, channel, data)
@@ -142,7 +147,8 @@ class FailoverWatch:
         if meaning.hold:
             self._open.clear()
         else:
-            self.moved = meaning.moved or self.moved
+            if meaning.moved is not None:
+                self.moved, self._moved_at = meaning.moved, asyncio.get_running_loop().time()
             self._open.set()
         # Commands under way on the old master fail now and are retried after the failover.
         task = asyncio.create_task(self._drop_connections(), name="failover-drop")
