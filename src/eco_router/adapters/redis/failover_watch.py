@@ -27,6 +27,8 @@ from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import RedisError
 
+from eco_router.application.stopping import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 PROMOTING = "+failover-state-send-slaveof-noone"
@@ -124,9 +126,8 @@ class FailoverWatch:
     async def aclose(self) -> None:
         tasks = [*self._tasks, *self._dropping]
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # A listener's cancel can be dropped inside redis-py's reads (see cancel_and_wait).
+        await cancel_and_wait(tasks)
 
     def promoted_in_place_of(self, address: Address) -> Address:
         """The master announced in place of `address` (a sentinel that has not heard of the
