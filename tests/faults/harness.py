@@ -34,7 +34,7 @@ from eco_router.adapters.dead_letter_format import read_dead_letter
 from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.adapters.progress_entries import PreparedEntry
 from eco_router.adapters.redis.connection import RedisClient, redis_client
-from eco_router.adapters.redis.errors import closed_under_command
+from eco_router.adapters.redis.errors import CLOSED_ERRORS, closed_under_command
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.publisher import script_arguments
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
@@ -605,6 +605,12 @@ class Load:
             try:
                 states = await mget(self._redis, keys)
             except (RedisError, OSError):
+                await asyncio.sleep(0.1)
+                continue
+            except CLOSED_ERRORS as error:
+                # A read on a connection closed under it (redis-py passes these on raw).
+                if not closed_under_command(error):
+                    raise
                 await asyncio.sleep(0.1)
                 continue
             for job, raw in zip(self.jobs, states, strict=True):

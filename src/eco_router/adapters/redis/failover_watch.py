@@ -151,14 +151,18 @@ class FailoverWatch:
             if meaning.moved is not None:
                 self.moved, self._moved_at = meaning.moved, asyncio.get_running_loop().time()
             self._open.set()
-        # Commands under way on the old master fail now and are retried after the failover.
-        task = asyncio.create_task(self._drop_connections(), name="failover-drop")
+        task = asyncio.create_task(self._leave_old_master(), name="failover-leave")
         self._dropping.add(task)
         task.add_done_callback(self._dropping.discard)
 
-    async def _drop_connections(self) -> None:
+    async def _leave_old_master(self) -> None:
+        """Idle connections are closed now; one under way ends its command (closing it under
+        a read would hand its caller redis-py's raw errors) and is closed when it is given
+        back, so its next command connects anew."""
+        for connection in list(self._pool._get_in_use_connections()):
+            connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
         with contextlib.suppress(RedisError, OSError):
-            await self._pool.disconnect(inuse_connections=True)
+            await self._pool.disconnect(inuse_connections=False)
 
     async def _listen(self, sentinel: Redis) -> None:
         """Announcements of one sentinel, resubscribed after any failure; a sentinel that is
