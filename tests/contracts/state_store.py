@@ -150,7 +150,10 @@ class StateStoreContract(ContractFamilies):
         # As after a failover: the state write reached the promoted master, the entry that
         # made it (read from the demoted one) did not, and its publish never happened.
         store = await self.make_store()
-        gone = self.encoded(seq=1, stream_id=entry_id(1), stage="queued")
+        first = await self.append_and_read(self.scan_0, "me")
+        ms, _, n = first.partition("-")
+        # After the stream's first entry, never in it, never deleted.
+        gone = self.encoded(seq=1, stream_id=f"{ms}-{int(n) + 1000}", stage="queued")
         await self.apply(store, [gone])
         retried = self.encoded(
             seq=1, stream_id=await self.append_and_read(self.scan_0, "me"), stage="queued"

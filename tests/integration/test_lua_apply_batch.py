@@ -173,21 +173,40 @@ class TestBranches:
         assert judgements == [DUPLICATE]
         assert await _snapshot(streams_redis) == before
 
+    @pytest.mark.parametrize("removal", ["XDEL", "XTRIM"])
+    async def test_code_2_also_when_the_entry_that_applied_the_seq_was_deleted_or_trimmed_since(
+        self, store: RedisLuaStateStore, streams_redis: Redis, removal: str
+    ) -> None:
+        # Published (or acked as gone) before it was removed: nothing is owed any more.
+        await hold(streams_redis, 1, 2)
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        if removal == "XDEL":
+            await streams_redis.xdel(SHARD, entry_id(1))
+        else:
+            await streams_redis.xtrim(SHARD, maxlen=1, approximate=False)
+
+        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(3), stage="copy")])
+
+        assert judgements == [DUPLICATE]
+
     async def test_code_5_publishes_in_place_of_an_entry_the_stream_lost_and_takes_its_marker(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        applied = encoded(seq=1, stream_id=entry_id(1))
-        await apply(store, [applied])  # entry_id(1) is not in the stream: lost, as in a failover
         await hold(streams_redis, 2)
+        # entry_id(3) was never in the stream (nor deleted, nor trimmed): lost, as with a
+        # demoted master whose entry was read before the failover.
+        applied = encoded(seq=1, stream_id=entry_id(3))
+        await apply(store, [applied])
+        await hold(streams_redis, 4)
         before = await streams_redis.hgetall(JOB.markers)
 
-        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(2), stage="copy")])
+        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(4), stage="copy")])
 
         assert judgements == [NEW_IN_PLACE_OF_GONE]
-        assert await streams_redis.hgetall(JOB.markers) == before | {b"1": entry_id(2).encode()}
+        assert await streams_redis.hgetall(JOB.markers) == before | {b"1": entry_id(4).encode()}
         assert await streams_redis.get(JOB.state) == applied.payload
         assert await streams_redis.lrange(JOB.history, 0, -1) == [applied.payload]
-        assert await apply(store, [encoded(seq=1, stream_id=entry_id(3))]) == [DUPLICATE]
+        assert await apply(store, [encoded(seq=1, stream_id=entry_id(5))]) == [DUPLICATE]
 
     async def test_code_3_is_stale_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis

@@ -90,7 +90,7 @@ class CheckReadiness:
     def _log_changes(self, checks: dict[str, str]) -> None:
         failing = {name for name, value in checks.items() if value != OK}
         for name in sorted(failing - self._failing):
-            log.warning("not ready: %s: %s", name, checks[name])
+            log.info("not ready: %s: %s", name, checks[name])
         for name in sorted(self._failing - failing):
             log.info("ready again: %s", name)
         self._failing = failing

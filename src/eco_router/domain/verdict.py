@@ -21,7 +21,8 @@ class Verdict(StrEnum):
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """What is known of one job: the newest applied seq, which entry applied each seq, and
-    which of those entries the stream no longer holds (`gone`)."""
+    which of those entries the stream never held (`gone`: written to a master that was
+    demoted and lost them; an entry deleted or trimmed since does not count)."""
 
     last_seq: int | None = None
     applied_by: Mapping[int, str] | None = None
@@ -57,11 +58,11 @@ def judge(event: JobEvent, record: JobRecord) -> Judgement:
 
     - The entry that applied this (job, seq) comes back: it was not acknowledged, so its
       publish is unconfirmed; publish again without touching the state.
-    - Another entry already applied this (job, seq) and the stream still holds it: DUPLICATE
-      (that entry is acknowledged, so published, or pending, so it will be).
-    - Another entry applied it and the stream no longer holds it: its publish is unconfirmed
-      (lost with a demoted master after its state write reached the new one, or trimmed
-      before its ack), so this entry publishes again in its place and takes over the marker.
+    - Another entry already applied this (job, seq) and the stream holds it, or held it
+      before a deletion or trim: DUPLICATE (it was published, or is pending and will be).
+    - Another entry applied it that the stream never held: it was read from a demoted master
+      and its state write reached the promoted one, so its publish is unconfirmed; this entry
+      publishes again in its place and takes over the marker.
     - A seq at or below the newest applied one: STALE.
     - Anything else is NEW and is applied.
     """

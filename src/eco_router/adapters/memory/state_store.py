@@ -87,9 +87,9 @@ class InMemoryStateStore(StateStore):
 
     def _record(self, job: _Job, event: JobEvent) -> JobRecord:
         """The job's record, with the entry that applied `event`'s seq among the gone ones
-        when it is another entry the stream no longer holds (as the script checks it)."""
+        when it is another entry the stream never held (as the script checks it)."""
         by = job.applied_by.get(event.seq)
-        if by is None or by == event.stream_id or self._streams.holds(event.stream, by):
+        if by is None or by == event.stream_id or not self._streams.never_held(event.stream, by):
             return JobRecord(job.last_seq, job.applied_by)
         return JobRecord(job.last_seq, job.applied_by, frozenset({by}))
 

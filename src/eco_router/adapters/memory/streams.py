@@ -37,6 +37,8 @@ class Stream:
     entries: dict[str, Fields] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
     last_id: StreamEntryId = field(default_factory=lambda: StreamEntryId(0, 0))
+    # The highest id ever deleted (Redis: XINFO STREAM's max-deleted-entry-id).
+    max_deleted: StreamEntryId = field(default_factory=lambda: StreamEntryId(0, 0))
 
 
 class NoGroup(Exception):
@@ -90,11 +92,21 @@ class InMemoryStreams:
     def entries(self, stream: str) -> list[tuple[str, Fields]]:
         return list(self._streams.get(stream, Stream()).entries.items())
 
-    def holds(self, stream: str, entry_id: str) -> bool:
-        return entry_id in self._streams.get(stream, Stream()).entries
+    def never_held(self, stream: str, entry_id: str) -> bool:
+        """Whether `stream` exists and never held `entry_id`: not there, no deletion went as
+        far, and not before its first entry (trimmed)."""
+        target = self._streams.get(stream)
+        if target is None or not target.entries or entry_id in target.entries:
+            return False
+        first = next(iter(target.entries))
+        return _after(entry_id, target.max_deleted) and _after(
+            entry_id, StreamEntryId.parse(first)
+        )
 
     def delete_entry(self, stream: str, entry_id: str) -> None:
-        self._streams.get(stream, Stream()).entries.pop(entry_id, None)
+        target = self._streams.get(stream, Stream())
+        if target.entries.pop(entry_id, None) is not None:
+            target.max_deleted = max(target.max_deleted, StreamEntryId.parse(entry_id))
 
     def delete_stream(self, stream: str) -> None:
         self._streams.pop(stream, None)

@@ -14,7 +14,7 @@
 --       order; jobs may interleave.
 -- Returns {codes, fenced shards, gap shards}: one character per event, "0" new and
 -- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
--- "3" stale, "5" new but applied earlier by another entry the stream no longer holds (publish
+-- "3" stale, "5" new but applied earlier by another entry the stream never held (publish
 -- again; the marker moves to this entry), "4" not judged (its shard's token is no longer the caller's, or an entry
 -- another consumer read, or a read whose reply was lost, comes before the read's first);
 -- and the 1-based indices of the fenced shards, then of the shards with such a gap.
@@ -98,6 +98,39 @@ local function now_s()
   return now
 end
 
+-- Stream ids compare as two numbers, milliseconds then sequence.
+local function id_after(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
+  if not a_ms or not b_ms then
+    return false
+  end
+  a_ms, b_ms = tonumber(a_ms), tonumber(b_ms)
+  return a_ms > b_ms or (a_ms == b_ms and tonumber(a_seq) > tonumber(b_seq))
+end
+
+-- Whether the stream exists and never held entry `id`: it is not there, no entry was ever
+-- deleted as far (XDEL), and it is not before the first entry (trimmed). An entry removed
+-- after its publish is not lost.
+local function never_held(stream, id)
+  if #redis.call('XRANGE', stream, id, id) > 0 then
+    return false
+  end
+  local info = redis.pcall('XINFO', 'STREAM', stream)
+  if info.err then
+    return false
+  end
+  local deleted, first
+  for i = 1, #info, 2 do
+    if info[i] == 'max-deleted-entry-id' then
+      deleted = info[i + 1]
+    elseif info[i] == 'first-entry' then
+      first = info[i + 1] and info[i + 1][1]
+    end
+  end
+  return deleted ~= nil and first and id_after(id, deleted) and id_after(id, first) or false
+end
+
 -- Judge one job's events (in seq order) and apply the new ones with one call per command.
 local function apply_job(job, offsets)
   local base = shards * 2 + job * 3
@@ -126,11 +159,11 @@ local function apply_job(job, offsets)
     local code
     if by == entry_id then
       code = '1'
-    elseif by and #redis.call('XRANGE', stream, by, by) > 0 then
+    elseif by and not never_held(stream, by) then
       code = '2'
     elseif by then
-      -- Its publish is unconfirmed: a demoted master may have lost it after this write
-      -- reached the promoted one. Rare (retries only), so checked only here.
+      -- Its publish is unconfirmed: it was read from a demoted master whose writes were lost,
+      -- after its state write reached the promoted one. Rare (retries only): checked here.
       code = '5'
       applied_by[seq] = entry_id
       marks[#marks + 1] = seq
