@@ -99,9 +99,7 @@ class InMemoryStreams:
         if target is None or not target.entries or entry_id in target.entries:
             return False
         first = next(iter(target.entries))
-        return _after(entry_id, target.max_deleted) and _after(
-            entry_id, StreamEntryId.parse(first)
-        )
+        return _after(entry_id, target.max_deleted) and _after(entry_id, StreamEntryId.parse(first))
 
     def delete_entry(self, stream: str, entry_id: str) -> None:
         target = self._streams.get(stream, Stream())
