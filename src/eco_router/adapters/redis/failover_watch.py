@@ -9,9 +9,9 @@ may even acknowledge them first, so WAIT does not protect them.
 
 The sentinel leading a failover announces the promotion it is about to send
 (`+failover-state-send-slaveof-noone`), and every sentinel announces the end
-(`+switch-master`). From the first, connections to the group are closed and no new one is
-made; from the second (or an abort, or `HOLD_S` at most), new connections ask the sentinels
-again, who name the promoted master by then.
+(`+switch-master`). From the first, idle connections to the group are closed, those under
+way once their command is done, and no new one is made; from the second (or an abort, or
+`HOLD_S` at most), new connections ask the sentinels again, who name the promoted master.
 """
 
 from __future__ import annotations
@@ -87,17 +87,12 @@ class FailoverWatch:
         self._open = asyncio.Event()
         self._open.set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._dropping: set[asyncio.Task[None]] = set()
+        self._leaving: set[asyncio.Task[None]] = set()
         # The last failover announced: (the master replaced, the one promoted).
         self.moved: tuple[Address, Address] | None = None
         self._moved_at = 0.0
         # The sentinels (their clients' ids) whose announcements arrive now.
         self.listening: set[int] = set()
-
-    @property
-    def holding(self) -> bool:
-        """Whether new connections wait for a failover to end."""
-        return not self._open.is_set()
 
     async def until_open(self) -> None:
         """Return once no failover holds the group's connections (at most `HOLD_S`)."""
@@ -124,7 +119,7 @@ class FailoverWatch:
             self._tasks.add(task)
 
     async def aclose(self) -> None:
-        tasks = [*self._tasks, *self._dropping]
+        tasks = [*self._tasks, *self._leaving]
         self._tasks.clear()
         # A listener's cancel can be dropped inside redis-py's reads (see cancel_and_wait).
         await cancel_and_wait(tasks)
@@ -152,8 +147,8 @@ class FailoverWatch:
                 self.moved, self._moved_at = meaning.moved, asyncio.get_running_loop().time()
             self._open.set()
         task = asyncio.create_task(self._leave_old_master(), name="failover-leave")
-        self._dropping.add(task)
-        task.add_done_callback(self._dropping.discard)
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
 
     async def _leave_old_master(self) -> None:
         """Idle connections are closed now; one under way ends its command (closing it under
