@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
+# Set by the router on every routed event: a producer's fields of these names are dropped.
+ROUTER_FIELDS = frozenset({"event_id", "prev_event_id", "restart", "text_check"})
+# A text delta of a job's answer: `content` is appended to the job's text (per `node`).
+TOKEN_STAGE = "token"
+# The reference chat worker numbers its tokens from here; stages stay below.
+FIRST_TOKEN_SEQ = 1001
 
 
 @dataclass(frozen=True, slots=True, order=True)
