@@ -100,6 +100,12 @@ class Applied:
     judgements: list[Judgement | None]
     fenced: frozenset[str] = frozenset()
     gaps: frozenset[str] = frozenset()
+    # Per event, the fields the router puts first in its JSON when it is published (its
+    # event id...: `domain.text.stamp`); None when it is not published.
+    stamps: list[bytes | None] = field(default_factory=list)
+
+    def stamp_of(self, index: int) -> bytes | None:
+        return self.stamps[index] if index < len(self.stamps) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,10 +208,13 @@ class ShardCounters:
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """A job's state snapshot and history payloads as stored, oldest first."""
+    """A job's state snapshot and history payloads as stored, oldest first, and the event id
+    and write time (entry ms) of its text's last token, when it has a text."""
 
     state: bytes | None
     history: list[bytes]
+    text_last_id: int | None = None
+    text_written_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

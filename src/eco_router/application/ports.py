@@ -29,6 +29,7 @@ from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import StreamFamily
+from eco_router.domain.text import JobText
 from eco_router.domain.verdict import Verdict
 
 
@@ -119,7 +120,7 @@ class EventSource(Protocol):
 
 @runtime_checkable
 class StateStore(Protocol):
-    """Per-job state snapshot, history and dedup markers."""
+    """Per-job state snapshot, history, dedup markers and answer text."""
 
     async def apply(
         self,
@@ -135,7 +136,12 @@ class StateStore(Protocol):
         ...
 
     async def view(self, domain: str, job_id: str) -> JobView:
-        """The job's current snapshot and history."""
+        """The job's current snapshot and history, and the id of its text's last token."""
+        ...
+
+    async def text(self, domain: str, job_id: str) -> JobText | None:
+        """The job's text with its last token's id and seq, read in one atomic step (None:
+        the job has no text)."""
         ...
 
 

@@ -29,6 +29,7 @@ from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS, EventSizeLimits
 from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, parse_entry
 from eco_router.domain.rejection import Rejection, RejectReason
 from eco_router.domain.streams import shard_of
+from eco_router.domain.text import stamped
 from eco_router.domain.verdict import Judgement, Verdict, in_judging_order
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,21 @@ class RouteBatch:
             letters = [x for x in letters if x.delivery.stream not in left]
             deliveries = [d for d in deliveries if d.stream not in left]
         judged = [(e, j) for e, j in zip(encoded, applied.judgements, strict=True) if j]
-        to_publish = [item for item, j in judged if j.publish]
+        # What is published carries the fields the store gave it (its event id...).
+        to_publish: list[EncodedEvent] = []
+        for n, (item, judgement) in enumerate(zip(encoded, applied.judgements, strict=True)):
+            if judgement is not None and judgement.publish:
+                fields = applied.stamp_of(n)
+                payload = stamped(item.payload, fields) if fields else item.payload
+                to_publish.append(EncodedEvent(item.event, payload))
+        for item, judgement in judged:
+            if judgement.fills:
+                log.warning(
+                    "the text of %s job %s is full (EVENT_ROUTER_TEXT_MAX_BYTES): its later "
+                    "tokens are not routed and its end marks the text truncated",
+                    item.event.domain,
+                    item.event.job_id,
+                )
         try:
             if to_publish:
                 await self._broadcaster.publish(to_publish)
@@ -207,10 +222,12 @@ class RouteBatch:
         held = [item for item in encoded if item.event.stream not in unheld]
         applied = await self._store.apply(held, {s: fence[s] for s in writing - unheld}, in_order)
         judgements = iter(applied.judgements)
+        stamps = iter(applied.stamp_of(n) for n in range(len(held)))
         return Applied(
             [None if item.event.stream in unheld else next(judgements) for item in encoded],
             applied.fenced | unheld,
             applied.gaps,
+            [None if item.event.stream in unheld else next(stamps) for item in encoded],
         )
 
     def _triage(self, delivery: Delivery) -> JobEvent | Rejection | None:

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
+RESERVED_FIELDS = frozenset(
+    {"job_id", "stage", "status", "seq", "ts", "progress", "result", "attempt"}
+)
 # Set by the router on every routed event: a producer's fields of these names are dropped.
 ROUTER_FIELDS = frozenset({"event_id", "prev_event_id", "restart", "text_check"})
 # A text delta of a job's answer: `content` is appended to the job's text (per `node`).
@@ -47,6 +49,8 @@ class JobEvent:
     result: Any = None
     has_result: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
+    # Which run of the task wrote it: a higher attempt restarts the job's text.
+    attempt: int = 0
 
     @property
     def job_key(self) -> tuple[str, str]:
@@ -56,6 +60,21 @@ class JobEvent:
     def is_terminal(self) -> bool:
         """Done or failed: nothing follows for this job."""
         return self.stage == "done" or self.status in {"done", "failed"}
+
+    @property
+    def is_token(self) -> bool:
+        """A text delta of the job's answer, not a step of its lifecycle."""
+        return self.stage == TOKEN_STAGE
+
+    @property
+    def content(self) -> str:
+        """A token's text delta ("" for any other event)."""
+        return self.extra.get("content", "")
+
+    @property
+    def node(self) -> str | None:
+        """The graph node a token's text belongs to, when the producer names one."""
+        return self.extra.get("node")
 
     def as_payload(self) -> dict[str, Any]:
         """The routed message: the entry's fields, typed, plus where it came from."""
@@ -70,6 +89,8 @@ class JobEvent:
             payload["progress"] = self.progress
         if self.has_result:
             payload["result"] = self.result
+        if self.attempt:
+            payload["attempt"] = self.attempt
         payload["stream_id"] = self.stream_id
         payload["domain"] = self.domain
         return payload

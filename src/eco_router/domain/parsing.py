@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from eco_router.domain.event import RESERVED_FIELDS, JobEvent
+from eco_router.domain.event import RESERVED_FIELDS, ROUTER_FIELDS, TOKEN_STAGE, JobEvent
 from eco_router.domain.rejection import Rejection, RejectReason
 
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -16,7 +16,7 @@ DEFAULT_MAX_FIELD_BYTES = 64 * 1024
 MAX_SEQ = 2**53 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 # Producers on the reference design write every field as a string, an absent one as "".
-OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
+OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result", "node", "attempt")
 # Trace context passes through to the published event; the reference producer writes the
 # fields empty when it has no span, which would only put "" in front of browsers.
 TRACE_FIELDS = ("traceparent", "tracestate", "trace_id", "span_id")
@@ -84,6 +84,19 @@ def parse_entry(
                 f"progress {raw_progress[:32]!r} is not an integer of at most {MAX_SEQ}",
             )
 
+    attempt = 0
+    raw_attempt = text.get("attempt")
+    if raw_attempt is not None:
+        parsed = _integer(raw_attempt)
+        if parsed is None or not 0 <= parsed <= MAX_SEQ:
+            return Rejection(
+                RejectReason.ATTEMPT_NOT_INTEGER,
+                f"attempt {raw_attempt[:32]!r} is not an integer from 0 to {MAX_SEQ}",
+            )
+        attempt = parsed
+    if text.get("stage") == TOKEN_STAGE and "content" not in text:
+        return Rejection(RejectReason.MISSING_CONTENT, "a token without a content field")
+
     has_result = "result" in text
     result: object = None
     if has_result:
@@ -108,7 +121,12 @@ def parse_entry(
         progress=progress,
         result=result,
         has_result=has_result,
-        extra={name: value for name, value in text.items() if name not in RESERVED_FIELDS},
+        extra={
+            name: value
+            for name, value in text.items()
+            if name not in RESERVED_FIELDS and name not in ROUTER_FIELDS
+        },
+        attempt=attempt,
     )
 
 

@@ -19,6 +19,8 @@ class RejectReason(StrEnum):
     RESULT_NOT_JSON = "result_not_json"
     RESULT_NOT_FINITE = "result_not_finite"
     FIELD_TOO_LARGE = "field_too_large"
+    MISSING_CONTENT = "missing_content"
+    ATTEMPT_NOT_INTEGER = "attempt_not_integer"
     TOO_LARGE = "too_large"
     MAX_DELIVERIES = "max_deliveries"
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from eco_router.domain.event import JobEvent
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, TextRecord
 
 
 class Verdict(StrEnum):
@@ -16,6 +17,8 @@ class Verdict(StrEnum):
     DUPLICATE = "duplicate"
     STALE = "stale"
     INVALID = "invalid"
+    # A token that does not fit in the job's text (`EVENT_ROUTER_TEXT_MAX_BYTES`).
+    TEXT_FULL = "text_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,7 @@ class JobRecord:
     last_seq: int | None = None
     applied_by: Mapping[int, str] | None = None
     gone: frozenset[str] = frozenset()
+    text: TextRecord = TextRecord()
 
     def entry_that_applied(self, seq: int) -> str | None:
         return None if self.applied_by is None else self.applied_by.get(seq)
@@ -40,6 +44,10 @@ class Judgement:
     apply: bool = False
     # The seq's marker moves to this entry: it carries the publish the gone one owed.
     takes_over: bool = False
+    # A token of a newer attempt: the job's text starts again from it.
+    restarts: bool = False
+    # The token that did not fit: from it on, the attempt's text is full.
+    fills: bool = False
 
     @property
     def publish(self) -> bool:
@@ -51,10 +59,48 @@ NEW_REPUBLISH = Judgement(Verdict.NEW, apply=False)
 NEW_IN_PLACE_OF_GONE = Judgement(Verdict.NEW, apply=False, takes_over=True)
 DUPLICATE = Judgement(Verdict.DUPLICATE)
 STALE = Judgement(Verdict.STALE)
+NEW_RESTART = Judgement(Verdict.NEW, apply=True, restarts=True)
+TEXT_FILLED = Judgement(Verdict.TEXT_FULL, fills=True)
+TEXT_FULL = Judgement(Verdict.TEXT_FULL)
 
 
-def judge(event: JobEvent, record: JobRecord) -> Judgement:
-    """Decide an event's fate.
+def judge(
+    event: JobEvent, record: JobRecord, *, text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES
+) -> Judgement:
+    """Decide an event's fate: a token by `judge_token`, a stage event by `judge_stage`."""
+    if event.is_token:
+        return judge_token(event, record.text, text_max_bytes=text_max_bytes)
+    return judge_stage(event, record)
+
+
+def judge_token(event: JobEvent, text: TextRecord, *, text_max_bytes: int) -> Judgement:
+    """Decide a token's fate; tokens are numbered apart from stage events, so a stage event
+    after tokens is judged by its own seqs only.
+
+    - A token of an older attempt than the text's: STALE (a retried task's late tokens).
+    - A token of a newer attempt: the text restarts from it (NEW, restarts).
+    - A token at or below the attempt's last seq: DUPLICATE (never applied twice).
+    - A token that does not fit in `text_max_bytes`: TEXT_FULL, and the attempt's text is
+      full from it on (`fills`): later tokens are TEXT_FULL too, so every viewer holds the
+      same text, which the terminal event's check marks truncated.
+    - Anything else is NEW and is appended.
+    """
+    restarts = text.attempt is not None and event.attempt > text.attempt
+    if text.attempt is not None and event.attempt < text.attempt:
+        return STALE
+    if restarts:
+        text = TextRecord(attempt=event.attempt)
+    if text.last_seq is not None and event.seq <= text.last_seq:
+        return DUPLICATE
+    if text.full:
+        return TEXT_FULL
+    if text.size + len(event.content.encode()) > text_max_bytes:
+        return Judgement(Verdict.TEXT_FULL, restarts=True, fills=True) if restarts else TEXT_FILLED
+    return NEW_RESTART if restarts else NEW_APPLY
+
+
+def judge_stage(event: JobEvent, record: JobRecord) -> Judgement:
+    """Decide a stage event's fate.
 
     - The entry that applied this (job, seq) comes back: it was not acknowledged, so its
       publish is unconfirmed; publish again without touching the state.
@@ -77,13 +123,23 @@ def judge(event: JobEvent, record: JobRecord) -> Judgement:
 
 
 def in_judging_order(events: Iterable[JobEvent]) -> list[JobEvent]:
-    """Order a batch so that each job's events are judged in seq order.
+    """Order a batch so that each job's events of each kind are judged in seq order.
 
     A late older event in the same batch is then applied before the newer one instead of being
-    judged stale; jobs keep their first-seen order relative to each other.
+    judged stale. Stage events and tokens are numbered apart: each kind is sorted within the
+    places it holds in the job's stream order, so a stage event written after tokens is still
+    routed after them. Jobs keep their first-seen order relative to each other.
     """
-    batch = list(events)
-    first_seen: dict[tuple[str, str], int] = {}
-    for event in batch:
-        first_seen.setdefault(event.job_key, len(first_seen))
-    return sorted(batch, key=lambda e: (first_seen[e.job_key], e.seq))
+    by_job: dict[tuple[str, str], list[JobEvent]] = {}
+    for event in events:
+        by_job.setdefault(event.job_key, []).append(event)
+    ordered: list[JobEvent] = []
+    for job_events in by_job.values():
+        tokens = iter(sorted((e for e in job_events if e.is_token), key=_token_order))
+        stages = iter(sorted((e for e in job_events if not e.is_token), key=lambda e: e.seq))
+        ordered.extend(next(tokens) if e.is_token else next(stages) for e in job_events)
+    return ordered
+
+
+def _token_order(event: JobEvent) -> tuple[int, int]:
+    return (event.attempt, event.seq)

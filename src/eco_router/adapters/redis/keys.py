@@ -9,12 +9,15 @@ from eco_router.domain.streams import StreamFamily, hash_tag, slot_named
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys one job owns: snapshot, history and applied-markers; on a tagged shard they
-    carry its hash tag (`scan:state:{5461}:job-42`), so they share its slot."""
+    """The keys one job owns: snapshot, history, applied-markers, and its text with what is
+    known of it; on a tagged shard they carry its hash tag (`scan:state:{5461}:job-42`), so
+    they share its slot."""
 
     state: str
     history: str
     markers: str
+    tokens: str
+    text: str
 
     @classmethod
     def of(cls, domain: str, job_id: str, stream: str = "") -> JobKeys:
@@ -25,6 +28,8 @@ class JobKeys:
             state=f"{domain}:state:{at}{job_id}",
             history=f"{domain}:history:{at}{job_id}",
             markers=f"{domain}:applied:{at}{job_id}",
+            tokens=f"{domain}:tokens:{at}{job_id}",
+            text=f"{domain}:text:{at}{job_id}",
         )
 
     @classmethod

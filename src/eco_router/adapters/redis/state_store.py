@@ -14,15 +14,21 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, gather_all
 from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
+from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.streams import StreamFamily
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun
 from eco_router.domain.verdict import (
     DUPLICATE,
     NEW_APPLY,
     NEW_IN_PLACE_OF_GONE,
     NEW_REPUBLISH,
+    NEW_RESTART,
     STALE,
+    TEXT_FILLED,
+    TEXT_FULL,
     Judgement,
+    Verdict,
 )
 
 _JUDGEMENTS = {
@@ -31,7 +37,18 @@ _JUDGEMENTS = {
     ord("2"): DUPLICATE,
     ord("3"): STALE,
     ord("5"): NEW_IN_PLACE_OF_GONE,
+    ord("6"): NEW_RESTART,
+    ord("7"): TEXT_FULL,
+    ord("8"): TEXT_FILLED,
+    ord("9"): Judgement(Verdict.TEXT_FULL, restarts=True, fills=True),
 }
+
+
+def _kind(event: JobEvent) -> str:
+    """The script's name for the event's kind: a token, a terminal stage event, another one."""
+    if event.is_token:
+        return "t"
+    return "e" if event.is_terminal else "s"
 
 
 class RedisLuaStateStore(StateStore):
@@ -50,11 +67,13 @@ class RedisLuaStateStore(StateStore):
         markers_ttl_s: int,
         history_size: int,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
+        text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
         replica_wait: ReplicaWait | None = None,
     ) -> None:
         self._redis = redis
         self._replica_wait = replica_wait or ReplicaWait()
         self._script = redis.register_script(load_lua("apply_batch.lua"))
+        self._read_text = redis.register_script(load_lua("read_text.lua"))
         self._trips = round_trips(redis)
         self._head: list[str | int] = [
             state_ttl_s,
@@ -62,6 +81,7 @@ class RedisLuaStateStore(StateStore):
             history_size,
             history_max_bytes,
             group,
+            text_max_bytes,
         ]
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
@@ -79,18 +99,23 @@ class RedisLuaStateStore(StateStore):
         starts = in_order or {}
         slots = by_slot(fence)
         if len(slots) <= 1:
-            judged, fenced, gaps = await self._apply(events, fence, starts)
-            return Applied(judged, fenced | unfenced, gaps)
+            part = await self._apply(events, fence, starts)
+            return Applied(part.judgements, part.fenced | unfenced, part.gaps, part.stamps)
         parts = await gather_all(self._apply(events, part, starts) for part in slots)
         # Each call judged its slot's events and left the others None.
         merged = [
             next((j for j in each if j is not None), None)
-            for each in zip(*(j for j, _, _ in parts), strict=True)
+            for each in zip(*(p.judgements for p in parts), strict=True)
+        ]
+        stamps = [
+            next((s for s in each if s is not None), None)
+            for each in zip(*(p.stamps for p in parts), strict=True)
         ]
         return Applied(
             merged,
-            frozenset().union(*(f for _, f, _ in parts)) | unfenced,
-            frozenset().union(*(g for _, _, g in parts)),
+            frozenset().union(*(p.fenced for p in parts)) | unfenced,
+            frozenset().union(*(p.gaps for p in parts)),
+            stamps,
         )
 
     async def _apply(
@@ -98,12 +123,12 @@ class RedisLuaStateStore(StateStore):
         events: Sequence[EncodedEvent],
         fence: Mapping[str, int],
         starts: Mapping[str, ReadStart],
-    ) -> tuple[list[Judgement | None], frozenset[str], frozenset[str]]:
+    ) -> Applied:
         """One `apply_batch.lua` call for the events of `fence`'s shards (one slot)."""
         shards = list(fence)
         shard_index = {stream: n for n, stream in enumerate(shards, 1)}
         if not shards:
-            return [None] * len(events), frozenset(), frozenset()
+            return Applied([None] * len(events), stamps=[None] * len(events))
         keys = [self._group_keys.epoch(stream) for stream in shards]
         keys += shards
         args: list[str | int | bytes] = [*self._head, len(shards)]
@@ -121,18 +146,31 @@ class RedisLuaStateStore(StateStore):
             if index is None:
                 index = job_index[event.job_key] = len(job_index) + 1
                 job = JobKeys.of(event.domain, event.job_id, event.stream)
-                keys += (job.state, job.history, job.markers)
+                keys += (job.state, job.history, job.markers, job.tokens, job.text)
                 args.append(shard_index[event.stream])
-            event_args += (index, event.seq, event.stream_id, item.payload)
+            if event.is_token:
+                event_args += (
+                    index,
+                    event.seq,
+                    event.stream_id,
+                    "t",
+                    event.content,
+                    event.attempt,
+                    event.node or "",
+                )
+            else:
+                event_args += (index, event.seq, event.stream_id, _kind(event), item.payload, "", "")
         with redis_errors("apply batch"):
-            codes, fenced, gaps = await self._replica_wait.call(
+            codes, fenced, gaps, stamps = await self._replica_wait.call(
                 self._redis, self._script, keys, args + event_args, trips=self._trips
             )
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
-        return (
+        stamped = iter([s or None for s in stamps])
+        return Applied(
             [next(judged) if e.event.stream in shard_index else None for e in events],
             frozenset(shards[n - 1] for n in fenced),
             frozenset(shards[n - 1] for n in gaps),
+            [next(stamped) if e.event.stream in shard_index else None for e in events],
         )
 
     async def view(self, domain: str, job_id: str) -> JobView:
@@ -157,6 +195,7 @@ class RedisLuaStateStore(StateStore):
                         for job, _ in asked:
                             pipe.get(job.state)
                             pipe.lrange(job.history, 0, -1)
+                            pipe.hmget(job.tokens, "id", "entry")
                         replies = await pipe.execute(raise_on_error=False)
             except Exception as error:
                 for _, viewed in asked:
@@ -164,12 +203,49 @@ class RedisLuaStateStore(StateStore):
                         viewed.set_exception(error)
                 continue
             for n, (job, viewed) in enumerate(asked):
-                state, history = replies[2 * n], replies[2 * n + 1]
+                state, history, text = replies[3 * n : 3 * n + 3]
                 if viewed.done():
                     continue
                 # One job's keys refused (a key of the wrong type) fail that view alone.
-                refused = next((r for r in (state, history) if isinstance(r, Exception)), None)
+                refused = next(
+                    (r for r in (state, history, text) if isinstance(r, Exception)), None
+                )
                 if refused is not None:
                     viewed.set_exception(port_error(refused, "read job view", key=job.state))
                 else:
-                    viewed.set_result(JobView(state=state, history=list(history)))
+                    last_id, entry = text
+                    viewed.set_result(
+                        JobView(
+                            state=state,
+                            history=list(history),
+                            text_last_id=None if last_id is None else int(last_id),
+                            text_written_ms=None if entry is None else _entry_ms(entry),
+                        )
+                    )
+
+    async def text(self, domain: str, job_id: str) -> JobText | None:
+        """One script call: the text and what is known of it, as of one moment."""
+        family = self._families.get(domain)
+        job = JobKeys.in_family(family, job_id) if family else JobKeys.of(domain, job_id)
+        with redis_errors("read job text"):
+            reply = await self._read_text(keys=[job.tokens, job.text])
+        if not reply:
+            return None
+        attempt, seq, last_id, full, node, run_at, runs, size, text = reply
+        closed = [line.split(b"\t") for line in runs.splitlines() if line] if runs else []
+        spans = [TextRun(n.decode(), int(a), int(b)) for n, a, b in closed]
+        if node:
+            spans.append(TextRun(node.decode(), int(run_at), int(size)))
+        return JobText(
+            text=text,
+            last_id=int(last_id),
+            last_seq=int(seq),
+            attempt=int(attempt),
+            runs=tuple(spans),
+            full=full == b"1",
+        )
+
+
+def _entry_ms(entry: bytes) -> int | None:
+    ms = entry.partition(b"-")[0]
+    return int(ms) if ms.isdigit() else None

@@ -1,45 +1,57 @@
 -- Judge a batch of events and apply the NEW ones, atomically, on the shards whose fencing
 -- token still holds and whose read came in order.
--- KEYS: the fencing epoch of each shard written, then each one's stream, then per job three
---       keys: state, history, applied-markers hash (fields: seq -> id of the entry that
---       applied it, plus "last" -> newest applied seq, "history_bytes" -> the history's
---       total payload bytes and "renewed" -> when the TTLs were last renewed, server time in
---       seconds).
+-- KEYS: the fencing epoch of each shard written, then each one's stream, then per job five
+--       keys: state, history, applied-markers hash (fields: seq -> "<id of the entry that
+--       applied it> <its stamp>", plus "last" -> newest applied stage seq, "last_id" ->
+--       newest event id given, "history_bytes" -> the history's total payload bytes and
+--       "renewed" -> when the TTLs were last renewed, server time in seconds), the text's
+--       hash (attempt, seq and id and entry of its last token, bytes, full, the node of the
+--       run being written and where it began, the closed runs "node\tstart\tend\n"...) and
+--       the text itself.
 -- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, the consumer group,
---       number of shards, then per shard three values: its token, and where its read began
---       (exclusive, "(<id>") and the consumer that read it, or two empty strings when there
---       is no read to check; then the first entry each read brought, one per shard ("" when
---       none); then each job's shard (1-based), then per event four values: job index
---       (1-based into the key triples), seq, entry id, payload. A job's events arrive in seq
---       order; jobs may interleave.
--- Returns {codes, fenced shards, gap shards}: one character per event, "0" new and
+--       text_max_bytes, number of shards, then per shard three values: its token, and where
+--       its read began (exclusive, "(<id>") and the consumer that read it, or two empty
+--       strings when there is no read to check; then the first entry each read brought, one
+--       per shard ("" when none); then each job's shard (1-based), then per event seven
+--       values: job index (1-based into the key quintuples), seq, entry id, kind ("s" a stage
+--       event, "e" a terminal one, "t" a token), then the payload (a stage event) or the
+--       content (a token), the attempt and the node ("" none). A job's events arrive in
+--       judging order (each kind in seq order); jobs may interleave.
+-- Returns {codes, fenced shards, gap shards, stamps}: one character per event, "0" new and
 -- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
 -- "3" stale, "5" new but applied earlier by another entry the stream never held (publish
--- again; the marker moves to this entry), "4" not judged (its shard's token is no longer the caller's, or an entry
--- another consumer read, or a read whose reply was lost, comes before the read's first);
--- and the 1-based indices of the fenced shards, then of the shards with such a gap.
--- Work is grouped per job (one HMGET, one RPUSH, one HSET, ...) so a job's cost does not
--- grow with the number of its events in the batch. The history's and the markers' TTLs are
--- renewed at most once per RENEW_EVERY seconds (and kept that much longer), not per batch:
--- each lives at least its TTL after the job's last event, up to RENEW_EVERY longer.
+-- again; the marker moves to this entry), "6" a token that restarts the text (a newer
+-- attempt), "7" a token that does not fit in a full text, "8" the token that filled it
+-- ("9": and restarted it), "4" not judged (its shard's token is no longer the caller's, or
+-- an entry another consumer read, or a read whose reply was lost, comes before the read's
+-- first); the 1-based indices of the fenced shards, then of the shards with such a gap; and
+-- per event the fields to put first in its JSON when it is published ("" when it is not):
+-- its event id, the id before it, and a restart flag or the text's check.
+-- Work is grouped per job (one HMGET, one RPUSH, one HSET, one APPEND, ...) so a job's cost
+-- does not grow with the number of its events in the batch. The TTLs are renewed at most
+-- once per RENEW_EVERY seconds (and kept that much longer), not per batch: each key lives
+-- at least its TTL after the job's last event, up to RENEW_EVERY longer.
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
 local history_max_bytes = tonumber(ARGV[4])
 local group = ARGV[5]
-local shards = tonumber(ARGV[6])
+local text_max_bytes = tonumber(ARGV[6])
+local shards = tonumber(ARGV[7])
 local RENEW_EVERY = math.min(60, math.floor(tonumber(state_ttl) / 10))
 local history_ttl = tonumber(state_ttl) + RENEW_EVERY
 local kept_markers_ttl = tonumber(markers_ttl) + RENEW_EVERY
-local firsts_at = 6 + shards * 3
+local PER_JOB = 5
+local PER_EVENT = 7
+local firsts_at = 7 + shards * 3
 local jobs_at = firsts_at + shards
-local events_at = jobs_at + (#KEYS - shards * 2) / 3 + 1
+local events_at = jobs_at + (#KEYS - shards * 2) / PER_JOB + 1
 
 local skipped = {}
 local fenced_list = {}
 local gap_list = {}
 for shard = 1, shards do
-  local at = 6 + (shard - 1) * 3
+  local at = 7 + (shard - 1) * 3
   if (redis.call('GET', KEYS[shard]) or '0') ~= ARGV[at + 1] then
     skipped[shard] = true
     fenced_list[#fenced_list + 1] = shard
@@ -76,7 +88,7 @@ end
 
 local jobs = {}
 local offsets_of = {}
-for i = events_at, #ARGV, 4 do
+for i = events_at, #ARGV, PER_EVENT do
   local job = tonumber(ARGV[i])
   local offsets = offsets_of[job]
   if offsets == nil then
@@ -88,6 +100,7 @@ for i = events_at, #ARGV, 4 do
 end
 
 local codes = {}
+local stamps = {}
 
 local now
 -- The server's time in seconds, asked once per call.
@@ -131,23 +144,91 @@ local function never_held(stream, id)
   return deleted ~= nil and first and id_after(id, deleted) and id_after(id, first) or false
 end
 
--- Judge one job's events (in seq order) and apply the new ones with one call per command.
+-- Integers as Lua prints them without an exponent (ids stay below 2^53).
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- The event id after `last_id` for `seq` (as the domain's next_event_id): the seq when above.
+local function next_id(last_id, seq)
+  local n = tonumber(seq)
+  if last_id == nil or n > last_id then
+    return n
+  end
+  return last_id + 1
+end
+
+local function stamp_of(id, prev, extra)
+  local s = '"event_id":' .. int(id) .. ','
+  if prev ~= nil then
+    s = s .. '"prev_event_id":' .. int(prev) .. ','
+  end
+  return s .. (extra or '')
+end
+
+local function event_at(i)
+  return (i - events_at) / PER_EVENT + 1
+end
+
+-- Judge one job's events and apply the new ones with one call per command.
 local function apply_job(job, offsets)
-  local base = shards * 2 + job * 3
-  local markers = KEYS[base]
+  local base = shards * 2 + (job - 1) * PER_JOB
+  local state_key, history, markers = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
+  local tokens_key, text_key = KEYS[base + 4], KEYS[base + 5]
   local stream = KEYS[shards + tonumber(ARGV[jobs_at + job])]
-  local fields = { 'last', 'history_bytes', 'renewed' }
-  for n, i in ipairs(offsets) do
-    fields[n + 3] = ARGV[i + 1]
+  local fields = { 'last', 'history_bytes', 'renewed', 'last_id' }
+  local with_text = false
+  for _, i in ipairs(offsets) do
+    local kind = ARGV[i + 3]
+    if kind == 't' or kind == 'e' then
+      with_text = true
+    end
+    if kind ~= 't' then
+      fields[#fields + 1] = ARGV[i + 1]
+    end
   end
   local known = call_chunked('HMGET', markers, fields)
   local last = known[1] or '-1'
   local last_n = tonumber(last)
+  -- Before event ids, an event's id was its seq.
+  local last_id = tonumber(known[4]) or (known[1] and last_n) or nil
   local applied_by = {}
-  for n, i in ipairs(offsets) do
-    if known[n + 3] then
-      applied_by[ARGV[i + 1]] = known[n + 3]
+  local stamp_by = {}
+  for n = 5, #fields do
+    local value = known[n]
+    if value then
+      local by, stamp = string.match(value, '^(%S+) (.*)$')
+      applied_by[fields[n]] = by or value
+      stamp_by[fields[n]] = stamp or ('"event_id":' .. fields[n] .. ',')
     end
+  end
+
+  local text = {}
+  if with_text then
+    local t = redis.call('HMGET', tokens_key, 'attempt', 'seq', 'bytes', 'full', 'node',
+      'run_at', 'runs')
+    text.attempt = tonumber(t[1])
+    text.seq = tonumber(t[2]) or -1
+    text.bytes = tonumber(t[3]) or 0
+    text.full = t[4] == '1'
+    text.node = t[5] or ''
+    text.run_at = tonumber(t[6]) or 0
+    text.runs = t[7] or ''
+    text.created = t[1] == nil
+  end
+  local parts = {}
+  local reset = false
+  local text_changed = false
+
+  -- Writes the tokens appended so far, so that a check of the text sees them.
+  local function flush_text()
+    if reset then
+      redis.call('SET', text_key, table.concat(parts), 'EX', state_ttl)
+      reset = false
+    elseif #parts > 0 then
+      redis.call('APPEND', text_key, table.concat(parts))
+    end
+    parts = {}
   end
 
   local payloads = {}
@@ -155,35 +236,119 @@ local function apply_job(job, offsets)
   for _, i in ipairs(offsets) do
     local seq = ARGV[i + 1]
     local entry_id = ARGV[i + 2]
-    local by = applied_by[seq]
+    local kind = ARGV[i + 3]
+    local at = event_at(i)
     local code
-    if by == entry_id then
-      code = '1'
-    elseif by and not never_held(stream, by) then
-      code = '2'
-    elseif by then
-      -- Its publish is unconfirmed: it was read from a demoted master whose writes were lost,
-      -- after its state write reached the promoted one. Rare (retries only): checked here.
-      code = '5'
-      applied_by[seq] = entry_id
-      marks[#marks + 1] = seq
-      marks[#marks + 1] = entry_id
-    elseif tonumber(seq) <= last_n then
-      code = '3'
+    if kind == 't' then
+      local attempt = tonumber(ARGV[i + 5])
+      local content = ARGV[i + 4]
+      local restarts = text.attempt ~= nil and attempt > text.attempt
+      if text.attempt ~= nil and attempt < text.attempt then
+        code = '3'
+      else
+        if restarts or text.attempt == nil then
+          if restarts then
+            text.seq, text.bytes, text.full = -1, 0, false
+            text.node, text.run_at, text.runs = '', 0, ''
+            parts, reset = {}, true
+          end
+          text.attempt = attempt
+          text_changed = true
+        end
+        if tonumber(seq) <= text.seq then
+          code = '2'
+        elseif text.full then
+          code = '7'
+        elseif text.bytes + #content > text_max_bytes then
+          code = restarts and '9' or '8'
+          text.full = true
+        else
+          code = restarts and '6' or '0'
+          local id = next_id(last_id, seq)
+          local extra = restarts and '"restart":true,' or nil
+          stamps[at] = stamp_of(id, last_id, extra)
+          last_id = id
+          local node = ARGV[i + 6]
+          if node ~= text.node then
+            if text.node ~= '' and text.bytes > text.run_at then
+              text.runs = text.runs .. text.node .. '\t' .. int(text.run_at) .. '\t'
+                .. int(text.bytes) .. '\n'
+            end
+            text.node, text.run_at = node, text.bytes
+          end
+          parts[#parts + 1] = content
+          text.bytes = text.bytes + #content
+          text.seq = tonumber(seq)
+          text.id = id
+          text.entry = entry_id
+        end
+        text_changed = true
+      end
     else
-      code = '0'
-      last, last_n = seq, tonumber(seq)
-      applied_by[seq] = entry_id
-      payloads[#payloads + 1] = ARGV[i + 3]
-      marks[#marks + 1] = seq
-      marks[#marks + 1] = entry_id
+      local by = applied_by[seq]
+      if by == entry_id then
+        code = '1'
+        stamps[at] = stamp_by[seq]
+      elseif by and not never_held(stream, by) then
+        code = '2'
+      elseif by then
+        -- Its publish is unconfirmed: it was read from a demoted master whose writes were
+        -- lost, after its state write reached the promoted one. Rare (retries only).
+        code = '5'
+        applied_by[seq] = entry_id
+        stamps[at] = stamp_by[seq]
+        marks[#marks + 1] = seq
+        marks[#marks + 1] = entry_id .. ' ' .. stamp_by[seq]
+      elseif tonumber(seq) <= last_n then
+        code = '3'
+      else
+        code = '0'
+        last, last_n = seq, tonumber(seq)
+        local id = next_id(last_id, seq)
+        local check
+        if kind == 'e' and text.attempt ~= nil then
+          flush_text()
+          local whole = redis.call('GET', text_key) or ''
+          check = '"text_check":{"bytes":' .. int(#whole) .. ',"sha1":"'
+            .. redis.sha1hex(whole) .. '","truncated":' .. (text.full and 'true' or 'false')
+            .. '},'
+        end
+        local stamp = stamp_of(id, last_id, check)
+        last_id = id
+        applied_by[seq] = entry_id
+        stamps[at] = stamp
+        payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
+        marks[#marks + 1] = seq
+        marks[#marks + 1] = entry_id .. ' ' .. stamp
+      end
     end
-    codes[(i - events_at) / 4 + 1] = code
+    codes[at] = code
+  end
+
+  local renewed = tonumber(known[3])
+  -- A clock that went back (a failover to a replica behind) renews too.
+  local due = renewed == nil or now_s() - renewed >= RENEW_EVERY or now_s() < renewed
+
+  if text_changed then
+    flush_text()
+    local t = { 'attempt', int(text.attempt), 'seq', int(text.seq), 'bytes', int(text.bytes),
+      'full', text.full and '1' or '0', 'node', text.node, 'run_at', int(text.run_at),
+      'runs', text.runs }
+    if text.id then
+      t[#t + 1] = 'id'
+      t[#t + 1] = int(text.id)
+      t[#t + 1] = 'entry'
+      t[#t + 1] = text.entry
+    end
+    redis.call('HSET', tokens_key, unpack(t))
+    if due or text.created then
+      redis.call('EXPIRE', tokens_key, history_ttl)
+      redis.call('EXPIRE', text_key, history_ttl)
+    end
   end
 
   if #payloads > 0 then
-    local history = KEYS[base - 1]
-    redis.call('SET', KEYS[base - 2], payloads[#payloads], 'EX', state_ttl)
+    redis.call('SET', state_key, payloads[#payloads], 'EX', state_ttl)
     local bytes = 0
     for _, payload in ipairs(payloads) do
       bytes = bytes + #payload
@@ -215,9 +380,6 @@ local function apply_job(job, offsets)
       bytes = bytes - #redis.call('LPOP', history)
       length = length - 1
     end
-    local renewed = tonumber(known[3])
-    -- A clock that went back (a failover to a replica behind) renews too.
-    local due = renewed == nil or now_s() - renewed >= RENEW_EVERY or now_s() < renewed
     if due or created then
       -- A history RPUSH just created has no TTL yet, whenever the markers were renewed.
       redis.call('EXPIRE', history, history_ttl)
@@ -227,6 +389,12 @@ local function apply_job(job, offsets)
     marks[#marks + 1] = last
     marks[#marks + 1] = 'history_bytes'
     marks[#marks + 1] = bytes
+  end
+  if last_id ~= nil and last_id ~= tonumber(known[4]) then
+    marks[#marks + 1] = 'last_id'
+    marks[#marks + 1] = int(last_id)
+  end
+  if #marks > 0 then
     if due then
       marks[#marks + 1] = 'renewed'
       marks[#marks + 1] = now_s()
@@ -235,8 +403,6 @@ local function apply_job(job, offsets)
     if due then
       redis.call('EXPIRE', markers, kept_markers_ttl)
     end
-  elseif #marks > 0 then
-    call_chunked('HSET', markers, marks)
   end
 end
 
@@ -244,11 +410,14 @@ for _, job in ipairs(jobs) do
   local offsets = offsets_of[job]
   if skipped[tonumber(ARGV[jobs_at + job])] then
     for _, i in ipairs(offsets) do
-      codes[(i - events_at) / 4 + 1] = '4'
+      codes[event_at(i)] = '4'
     end
   else
     apply_job(job, offsets)
   end
 end
 
-return { table.concat(codes), fenced_list, gap_list }
+for n = 1, #codes do
+  stamps[n] = stamps[n] or ''
+end
+return { table.concat(codes), fenced_list, gap_list, stamps }
