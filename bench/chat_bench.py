@@ -254,6 +254,7 @@ class Delivery:
     tokens_written: int = 0
     write_rate: float = 0.0
     write_seconds: float = 0.0
+    writer_cpu_percent: float = 0.0
     tokens_expected: int = 0  # summed over viewers
     tokens_delivered: int = 0  # distinct tokens received one by one, over viewers
     tokens_recovered: int = 0  # held only through a token_recovery frame
@@ -297,6 +298,7 @@ def tally_delivery(
     d.tokens_written = written.tokens
     d.write_rate = round(written.rate, 1)
     d.write_seconds = round(written.seconds, 2)
+    d.writer_cpu_percent = share_of_core(written.cpu_s, written.seconds)
     for i, ledger in enumerate(ledgers):
         expected = expected_of(i)
         d.tokens_expected += expected
@@ -715,6 +717,7 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
             f"{num(d.cpu_percent.get('gateway'), '{:.0f}')} %, {num(d.gateway_us_per_frame)}",
         ],
         ["this bench's viewers: % of a core", f"{num(d.cpu_percent.get('bench'), '{:.0f}')} %"],
+        ["this bench's writer: % of a core", f"{d.writer_cpu_percent:.0f} %"],
     ]
 
 

@@ -155,6 +155,7 @@ class AnswersWritten:
     tokens: int
     answers: int
     seconds: float
+    cpu_s: float  # the writer's own CPU over those seconds
 
     def tokens_of(self, answer: int) -> int:
         """How many tokens answer number `answer` got (round-robin: the first ones one more)."""
@@ -173,6 +174,7 @@ def write_answers(
     closing entries. Run in a process of its own (`ProducerProcess`)."""
     answers = len(job_ids)
     with EntryWriter(url, maxlen=maxlen) as writer:
+        cpu = time.process_time()
         writer.write(_all(opening_entries(job) for job in job_ids))
         pacer = Pacer(rate * answers, seconds, max_batch=MAX_CATCH_UP)
         while not pacer.finished:
@@ -180,9 +182,9 @@ def write_answers(
             due = pacer.due()
             writer.write([token_entry(job_ids[n % answers], n // answers + 1, ts) for n in due])
             time.sleep(pacer.pause_s())
-        elapsed = pacer.elapsed_s()
+        elapsed, cpu = pacer.elapsed_s(), time.process_time() - cpu
         writer.write(_all(closing_entries(job) for job in job_ids))
-    return AnswersWritten(pacer.sent, answers, elapsed)
+    return AnswersWritten(pacer.sent, answers, elapsed, cpu)
 
 
 def _all(groups: Iterable[list[Entry]]) -> list[Entry]:
