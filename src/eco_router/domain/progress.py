@@ -10,12 +10,20 @@ from enum import StrEnum
 from typing import Any
 
 from eco_router.domain.errors import DomainError
+from eco_router.domain.event import TOKEN_STAGE
 from eco_router.domain.parsing import JOB_ID_PATTERN, MAX_SEQ
 
 DEFAULT_STAGES = ("vision", "rule", "answer", "reward")
 STAGE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 QUEUED_STAGE = "queued"
 DONE_STAGE = "done"
+# The reference chat worker's pause for its user: stage `needs_input`, status `waiting`.
+NEEDS_INPUT_STAGE = "needs_input"
+# Where a call that looks like a token is sent: tokens have their own seqs and idempotency.
+TOKEN_API = (
+    "publish answer text with publish_tokens(job_id, deltas) or "
+    "publish_token(job_id, content, seq=...)"
+)
 
 
 class Status(StrEnum):
@@ -26,6 +34,10 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     DONE = "done"
+    # The job waits for its user (stage `needs_input`); it is not over.
+    WAITING = "waiting"
+    # A token's status; only the token API writes it.
+    STREAMING = "streaming"
 
 
 _STAGE_OFFSET = {Status.STARTED: 0, Status.COMPLETED: 1, Status.FAILED: 2}
@@ -54,6 +66,12 @@ class StagePlan:
     n·10+2 when failed; `done` is (stages+1)·10+1, above everything else. A retried call gets
     the same seq and `failed` never collides with `started`. `queued` and `done` are the
     status `queued` / `done` (any stage name) or the stage `queued` started / `done` completed.
+
+    `waiting` (the job waits for its user; the reference chat worker writes it on the stage
+    `needs_input`) is (stages+2)·10 whatever the stage name, as `queued` and `done` are: 190
+    for the reference chat plan of 17 stages, whose `done` is 181. The stage `needs_input`,
+    unless the plan has it, takes no other status. Tokens (stage `token`, status
+    `streaming`) are numbered apart, from `FIRST_TOKEN_SEQ`, by the token API.
     """
 
     stages: tuple[str, ...] = DEFAULT_STAGES
@@ -66,12 +84,23 @@ class StagePlan:
     def done_seq(self) -> int:
         return (len(self.stages) + 1) * 10 + 1
 
+    @property
+    def needs_input_seq(self) -> int:
+        return (len(self.stages) + 2) * 10
+
     def seq_for(self, stage: str, status: Status) -> int:
+        refuse_token_vocabulary(stage, status)
         status = job_status(stage, status)
         if status is Status.QUEUED:
             return 0
         if status is Status.DONE:
             return self.done_seq
+        if status is Status.WAITING:
+            return self.needs_input_seq
+        if stage == NEEDS_INPUT_STAGE and stage not in self.stages:
+            raise InvalidProgressEvent(
+                f"stage {NEEDS_INPUT_STAGE!r} takes status 'waiting', not {status.value!r}"
+            )
         if stage in (QUEUED_STAGE, DONE_STAGE) and stage not in self.stages:
             expected = "started" if stage == QUEUED_STAGE else "completed"
             raise InvalidProgressEvent(
@@ -110,6 +139,15 @@ class ProgressEvent:
         return f"{len(self.job_id)}:{self.job_id}:{self.stage}:{status.value}"
 
 
+def refuse_token_vocabulary(stage: str, status: Status) -> None:
+    """A stage event never says `token` or `streaming`: those are a token's, whose seqs and
+    idempotency are its own."""
+    if stage == TOKEN_STAGE or status is Status.STREAMING:
+        raise InvalidProgressEvent(
+            f"stage {TOKEN_STAGE!r} and status 'streaming' are for tokens: {TOKEN_API}"
+        )
+
+
 def progress_event(
     job_id: str,
     stage: str,
@@ -132,6 +170,7 @@ def progress_event(
         ) from None
     if not isinstance(stage, str) or STAGE_PATTERN.fullmatch(stage) is None:
         raise InvalidProgressEvent(f"stage {stage!r} must be 1-64 characters of [A-Za-z0-9_.-]")
+    refuse_token_vocabulary(stage, known)
     if progress is not None and (
         isinstance(progress, bool) or not isinstance(progress, int) or not 0 <= progress <= 100
     ):

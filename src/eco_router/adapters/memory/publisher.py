@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 from eco_router.adapters.memory.streams import InMemoryStreams
-from eco_router.adapters.progress_entries import ProducerConfig
+from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
+from eco_router.adapters.token_batches import TokenTally, coalesced, refuse_text
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.event import FIRST_TOKEN_SEQ
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
 
 
 class InMemoryStreamPublisher(ProgressPublisher):
-    """Appends each (job, stage, status) once; a repeat returns the first entry's id."""
+    """Appends each (job, stage, status) and each (job, attempt, token seq) once; a repeat
+    returns the first entry's id. `round_trips` counts the writes a Redis publisher would
+    send: one per batch of tokens ready together."""
 
     def __init__(self, streams: InMemoryStreams, config: ProducerConfig) -> None:
         self.config = config
+        self.round_trips = 0
         self._streams = streams
         self._first_ids: dict[str, str] = {}
 
@@ -28,6 +36,49 @@ class InMemoryStreamPublisher(ProgressPublisher):
         seq: int | None = None,
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+        self.round_trips += 1
+        return self._append(entry)
+
+    async def publish_tokens(
+        self,
+        job_id: str,
+        tokens: AsyncIterable[Any] | Iterable[Any],
+        *,
+        node: str | None = None,
+        attempt: int = 0,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+        first_seq: int = FIRST_TOKEN_SEQ,
+    ) -> TokensPublished:
+        refuse_text(tokens)
+        run = self.config.tokens(
+            token_run(job_id, node=node, attempt=attempt, first_seq=first_seq),
+            coalesce_ms=coalesce_ms,
+        )
+        tally = TokenTally(run.run.first_seq)
+        async with contextlib.aclosing(coalesced(tokens, run.coalescing)) as batches:
+            async for texts in batches:
+                # Prepared one by one, as the Redis publisher does: the entries before one the
+                # router would refuse are written, then its error is raised.
+                self.round_trips += 1
+                for text in texts:
+                    self._append(run.entry(tally.entries, text))
+                    tally.add([text])
+        return tally.published()
+
+    async def publish_token(
+        self,
+        job_id: str,
+        content: str,
+        *,
+        seq: int,
+        node: str | None = None,
+        attempt: int = 0,
+    ) -> str:
+        entry = self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
+        self.round_trips += 1
+        return self._append(entry)
+
+    def _append(self, entry: PreparedEntry) -> str:
         first = self._first_ids.get(entry.idempotency_key)
         if first is None:
             first = self._first_ids[entry.idempotency_key] = self._streams.xadd(

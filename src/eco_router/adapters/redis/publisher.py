@@ -1,18 +1,33 @@
-"""Producer side: idempotent, sharded appends of progress events, sync and asyncio."""
+"""Producer side: idempotent, sharded appends of progress events and tokens, sync and
+asyncio."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
+import redis.asyncio.cluster
 import redis.cluster
+from redis.exceptions import NoScriptError
 
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connection import RedisClient
-from eco_router.adapters.redis.replica_wait import ReplicaWait
+from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.adapters.token_batches import (
+    TokenSource,
+    TokenTally,
+    coalesced,
+    coalesced_sync,
+    refuse_text,
+)
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.event import FIRST_TOKEN_SEQ
+from eco_router.domain.progress import InvalidProgressEvent
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
 
 
 def script_arguments(
@@ -48,8 +63,83 @@ class AsyncStreamPublisher(ProgressPublisher):
         seq: int | None = None,
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+        return await self._publish(entry)
+
+    async def publish_tokens(
+        self,
+        job_id: str,
+        tokens: TokenSource,
+        *,
+        node: str | None = None,
+        attempt: int = 0,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+        first_seq: int = FIRST_TOKEN_SEQ,
+    ) -> TokensPublished:
+        """Write a job's answer text as it arrives: `tokens` yields `str` deltas or
+        OpenAI-style chunks (an async iterable, or a list of them).
+
+        Deltas arriving within `coalesce_ms` of an entry's first one share it (0: one entry
+        per delta); entries ready together go in one round trip. The n-th entry (from 0) is
+        seq `first_seq + n`; each is written once per (job, attempt, seq), so a retried round
+        trip adds nothing. A retried task passes a higher `attempt`: the router starts the
+        job's text again and drops the older attempt's late tokens. Settings are validated
+        before the first delta is read (`InvalidProgressEvent`).
+        """
+        refuse_text(tokens)
+        run = self.config.tokens(
+            token_run(job_id, node=node, attempt=attempt, first_seq=first_seq),
+            coalesce_ms=coalesce_ms,
+        )
+        tally = TokenTally(run.run.first_seq)
+        async with contextlib.aclosing(coalesced(tokens, run.coalescing)) as batches:
+            async for texts in batches:
+                entries, refused = _prepared(run.entry, tally.entries, texts)
+                await self._publish_all(entries)
+                tally.add(texts[: len(entries)])
+                if refused is not None:
+                    raise refused
+        return tally.published()
+
+    async def publish_token(
+        self,
+        job_id: str,
+        content: str,
+        *,
+        seq: int,
+        node: str | None = None,
+        attempt: int = 0,
+    ) -> str:
+        """Write one token a worker numbered itself; returns its stream entry id (the first
+        one's, when this (job, attempt, seq) was written already)."""
+        return await self._publish(
+            self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
+        )
+
+    async def _publish(self, entry: PreparedEntry) -> str:
         keys, args = script_arguments(entry, self.config)
         return _text(await self._wait.call(self._client, self._script, keys, args))
+
+    async def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        """Each entry once, in order, in one round trip (with its WAIT, when asked)."""
+        if len(entries) <= 1:
+            return [await self._publish(entry) for entry in entries]
+        try:
+            return await self._pipelined(entries)
+        except NoScriptError:
+            # A pipeline does not load scripts by itself. None of its calls ran; were some
+            # to have, their markers make the second try return their first ids.
+            await self._client.script_load(self._script.script)
+            return await self._pipelined(entries)
+
+    async def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        on_node: dict[str, Any] = {}
+        if self._wait.replicas and isinstance(self._client, redis.asyncio.cluster.RedisCluster):
+            await self._client.initialize()  # learns the slots on first use
+            on_node["target_nodes"] = self._client.get_node_from_key(entries[0].stream)
+        async with self._client.pipeline(transaction=False) as pipe:
+            _queue_calls(pipe, self._script.sha, entries, self.config, self._wait, on_node)
+            replies = await pipe.execute()
+        return _entry_ids(replies, self._wait)
 
 
 class StreamPublisher:
@@ -74,8 +164,112 @@ class StreamPublisher:
         seq: int | None = None,
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+        return self._publish(entry)
+
+    def publish_tokens(
+        self,
+        job_id: str,
+        tokens: Iterable[Any],
+        *,
+        node: str | None = None,
+        attempt: int = 0,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+        first_seq: int = FIRST_TOKEN_SEQ,
+    ) -> TokensPublished:
+        """`AsyncStreamPublisher.publish_tokens` for a synchronous iterable, read in this
+        thread: a list goes in as few round trips as its entries fill; from any other
+        iterator, which may block between deltas, each entry is written once it is closed (a
+        delta came after its window) or at the end."""
+        refuse_text(tokens)
+        run = self.config.tokens(
+            token_run(job_id, node=node, attempt=attempt, first_seq=first_seq),
+            coalesce_ms=coalesce_ms,
+        )
+        tally = TokenTally(run.run.first_seq)
+        for texts in coalesced_sync(tokens, run.coalescing):
+            entries, refused = _prepared(run.entry, tally.entries, texts)
+            self._publish_all(entries)
+            tally.add(texts[: len(entries)])
+            if refused is not None:
+                raise refused
+        return tally.published()
+
+    def publish_token(
+        self,
+        job_id: str,
+        content: str,
+        *,
+        seq: int,
+        node: str | None = None,
+        attempt: int = 0,
+    ) -> str:
+        """`AsyncStreamPublisher.publish_token` from synchronous code."""
+        return self._publish(
+            self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
+        )
+
+    def _publish(self, entry: PreparedEntry) -> str:
         keys, args = script_arguments(entry, self.config)
         return _text(self._wait.call_sync(self._client, self._script, keys, args))
+
+    def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        if len(entries) <= 1:
+            return [self._publish(entry) for entry in entries]
+        try:
+            return self._pipelined(entries)
+        except NoScriptError:
+            self._client.script_load(self._script.script)
+            return self._pipelined(entries)
+
+    def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        on_node: dict[str, Any] = {}
+        if self._wait.replicas and isinstance(self._client, redis.cluster.RedisCluster):
+            on_node["target_nodes"] = self._client.get_node_from_key(entries[0].stream)  # type: ignore[no-untyped-call]
+        with self._client.pipeline(transaction=False) as pipe:
+            _queue_calls(pipe, self._script.sha, entries, self.config, self._wait, on_node)
+            replies = pipe.execute()
+        return _entry_ids(replies, self._wait)
+
+
+def _prepared(
+    entry: Callable[[int, str], PreparedEntry], start: int, texts: Sequence[str]
+) -> tuple[list[PreparedEntry], InvalidProgressEvent | None]:
+    """The batch's entries, numbered from `start`, up to the first the router would refuse
+    (too large): those before it are still written, then its error is raised."""
+    prepared: list[PreparedEntry] = []
+    for offset, text in enumerate(texts):
+        try:
+            prepared.append(entry(start + offset, text))
+        except InvalidProgressEvent as error:
+            return prepared, error
+    return prepared, None
+
+
+def _queue_calls(
+    pipe: Any,
+    sha: str,
+    entries: Sequence[PreparedEntry],
+    config: ProducerConfig,
+    wait: ReplicaWait,
+    on_node: dict[str, Any],
+) -> None:
+    for entry in entries:
+        keys, args = script_arguments(entry, config)
+        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+    if wait.replicas:
+        # On the connection that wrote: WAIT counts the replicas that have its writes.
+        pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms, **on_node)
+
+
+def _entry_ids(replies: list[Any], wait: ReplicaWait) -> list[str]:
+    if wait.replicas:
+        acked = int(replies.pop())
+        if acked < wait.replicas:
+            raise ReplicasBehind(
+                f"{acked} of {wait.replicas} replicas acknowledged the write within "
+                f"{wait.timeout_ms} ms"
+            )
+    return [_text(reply) for reply in replies]
 
 
 def _text(value: bytes | str) -> str:
