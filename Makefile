@@ -89,6 +89,10 @@ bench-scaling: venv redis-server
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench $(if $(QUICK),--quick)
 
+# Token streams: throughput, cost per token, resume, fan-out (QUICK=1: 100 answers, 3 s).
+bench-chat: venv redis-server
+	$(BIN)/python -m bench.chat_bench $(if $(QUICK),--quick)
+
 # Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
 soak: venv redis-server
 	$(BIN)/python -m bench.soak $(if $(MINUTES),--minutes $(MINUTES))
