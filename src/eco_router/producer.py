@@ -9,6 +9,16 @@
 (`InvalidProgressEvent`), the seq is deterministic, and a repeated call within the
 idempotency window returns the first entry's id instead of adding another.
 
+A chat answer goes out as tokens while the model writes it: `str` deltas or OpenAI-style
+chunks, merged within `coalesce_ms`, each entry written once per (job, attempt, seq):
+
+    publisher = connect_async(url, producer_config(domain="chat", shards=4))
+    stream = await openai_client.chat.completions.create(..., stream=True)
+    published = await publisher.publish_tokens(job_id, stream, node="answer")
+    await publisher.publish_stage_event(job_id, "answer", "completed", seq=161)
+
+A retried task passes `attempt=1, 2, ...`: the router starts the job's text again.
+
 Code written for the reference design keeps its call sites and its client; only the import
 changes:
 
@@ -41,6 +51,7 @@ from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPubl
 from eco_router.adapters.redis.publisher_cache import PublisherCache
 from eco_router.adapters.redis.replica_wait import ReplicasBehind
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
+from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.event_size import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -48,8 +59,11 @@ from eco_router.domain.event_size import (
 )
 from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
 from eco_router.domain.streams import StreamFamily, shard_for
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 
 __all__ = [
+    "DEFAULT_COALESCE_MS",
+    "FIRST_TOKEN_SEQ",
     "AsyncStreamPublisher",
     "InvalidProgressEvent",
     "ProducerConfig",
@@ -57,6 +71,7 @@ __all__ = [
     "StagePlan",
     "Status",
     "StreamPublisher",
+    "TokensPublished",
     "connect",
     "connect_async",
     "producer_config",
