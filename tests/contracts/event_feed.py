@@ -130,5 +130,5 @@ async def seqs(viewer: FeedSubscription, count: int) -> list[int]:
     for _ in range(count):
         item = await next_item(viewer)
         assert isinstance(item, GatewayEvent), item
-        got.append(item.seq)
+        got.append(item.event_id)
     return got

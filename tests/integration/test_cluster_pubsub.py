@@ -225,7 +225,7 @@ class TestMovedSlot:
                 while not isinstance(event := await viewer.next(0.2), GatewayEvent):
                     seq += 1
                     await _publish_until_accepted(broadcaster, seq)
-            assert event.seq == seq
+            assert event.event_id == seq
             await viewer.close()
 
 

@@ -23,6 +23,7 @@ from eco_router.application.replay_dead_letters import ReplayDeadLetters, Select
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily
 from tests.contracts.factories import encoded
+from tests.contracts.state_store import unstamped
 from tests.unit.factories import make_fields
 
 SCAN = StreamFamily("scan:events", 2)
@@ -425,7 +426,7 @@ class TestLookUpJob:
         assert lease is not None
         await store.apply(events, {"scan:events:0": lease.token})
 
-        view = await LookUpJob(store=store, families=FAMILIES)("scan", "job-1")
+        view = unstamped(await LookUpJob(store=store, families=FAMILIES)("scan", "job-1"))
 
         assert view.state == events[-1].payload
         assert view.history == [e.payload for e in events]

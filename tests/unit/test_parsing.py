@@ -102,6 +102,21 @@ class TestRejections:
                 RejectReason.RESULT_NOT_FINITE,
                 id="result 1e309",
             ),
+            pytest.param(
+                make_fields(stage="token", status="streaming"),
+                RejectReason.MISSING_CONTENT,
+                id="token without content",
+            ),
+            pytest.param(
+                make_fields(stage="token", content="hi", attempt="one"),
+                RejectReason.ATTEMPT_NOT_INTEGER,
+                id="token attempt one",
+            ),
+            pytest.param(
+                make_fields(stage="token", content="hi", attempt="-1"),
+                RejectReason.ATTEMPT_NOT_INTEGER,
+                id="token attempt -1",
+            ),
         ],
     )
     def test_entry_is_rejected_with_its_reason(
@@ -199,6 +214,28 @@ class TestValidEntries:
         event = parsed_event(make_fields(result='{"big": 1e308, "small": -1e-320}'))
 
         assert event.result == {"big": 1e308, "small": -1e-320}
+
+    def test_a_token_carries_its_content_node_and_attempt(self) -> None:
+        event = parsed_event(
+            make_fields(stage="token", status="streaming", content="안녕", node="answer", attempt="2")
+        )
+
+        assert (event.is_token, event.content, event.node, event.attempt) == (
+            True,
+            "안녕",
+            "answer",
+            2,
+        )
+
+    def test_an_attempt_on_a_stage_event_is_the_producers_own_field(self) -> None:
+        event = parsed_event(make_fields(attempt="first try"))
+
+        assert (event.attempt, event.extra["attempt"]) == (0, "first try")
+
+    def test_fields_the_router_sets_are_dropped_from_the_entry(self) -> None:
+        event = parsed_event(make_fields(event_id="9", prev_event_id="8", restart="true"))
+
+        assert not {"event_id", "prev_event_id", "restart"} & set(event.extra)
 
     def test_extra_fields_pass_through_as_text(self) -> None:
         event = parsed_event(make_fields(region="eu-west", attempt="2", empty=""))

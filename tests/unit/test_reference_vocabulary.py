@@ -33,7 +33,7 @@ def routed(fields: dict[str, str]) -> JobEvent:
 
 def gateway_event(event: JobEvent) -> GatewayEvent:
     return GatewayEvent(
-        seq=event.seq,
+        event_id=event.seq,
         stage=event.stage,
         status=event.status,
         data=orjson.dumps(event.as_payload()),

@@ -28,6 +28,7 @@ class TestNewEvents:
         result = await h.route(await h.read())
 
         expected = {
+            "event_id": 1,
             "job_id": "job-1",
             "seq": 1,
             "stage": "scan",

@@ -27,7 +27,8 @@ class TestDefaults:
         settings = load_settings()
         assert settings.redis_streams_url == "redis://localhost:6379/0"
         assert settings.pubsub_url == settings.redis_streams_url
-        assert settings.streams == (StreamFamily("scan:events", 4),)
+        # Both domains of the reference design: scan pipelines and chat answers.
+        assert settings.streams == (StreamFamily("scan:events", 4), StreamFamily("chat:events", 4))
         assert settings.consumer_group == "eventrouter"
         assert (settings.read_count, settings.read_block_ms) == (100, 5000)
         assert (settings.state_ttl_s, settings.published_ttl_s) == (3600, 7200)

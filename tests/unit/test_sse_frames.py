@@ -21,7 +21,7 @@ from eco_router.domain.sse import (
 
 def make_gateway_event(seq: int = 1, **overrides: object) -> GatewayEvent:
     values: dict[str, object] = {
-        "seq": seq,
+        "event_id": seq,
         "stage": "scan",
         "status": "running",
         "data": b'{"job_id":"job-1","seq":%d}' % seq,
@@ -148,7 +148,7 @@ class TestPlanReplay:
         replayed: list[int],
     ) -> None:
         history = events(*history_seqs)
-        state = max(history, key=lambda e: e.seq) if known else None
+        state = max(history, key=lambda e: e.event_id) if known else None
 
         plan = plan_replay(
             last_event_id=last_event_id,
@@ -158,7 +158,7 @@ class TestPlanReplay:
         )
 
         assert plan.snapshot is snapshot
-        assert [e.seq for e in plan.events] == replayed
+        assert [e.event_id for e in plan.events] == replayed
 
     def test_the_replayed_events_are_the_history_events_themselves(self) -> None:
         history = events(1, 2, 3)
@@ -191,7 +191,9 @@ class TestPlanReplay:
         )
 
         assert plan.snapshot is snapshot
-        assert [e.seq for e in plan.events] == [s for s in (5, 6, 7) if s > (last_event_id or -1)]
+        assert [e.event_id for e in plan.events] == [
+            s for s in (5, 6, 7) if s > (last_event_id or -1)
+        ]
 
 
 class TestJobEnd:

@@ -8,7 +8,7 @@ from eco_router.domain.sse import GatewayEvent, event_frame
 
 
 def event(stage: str | None, status: str | None = "started") -> GatewayEvent:
-    return GatewayEvent(seq=7, stage=stage, status=status, data=b'{"seq":7}')
+    return GatewayEvent(event_id=7, stage=stage, status=status, data=b'{"seq":7}')
 
 
 @pytest.mark.parametrize(

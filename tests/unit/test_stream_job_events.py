@@ -32,6 +32,10 @@ FAILED = {"stage": "scan", "status": "failed"}
 # --- wiring -------------------------------------------------------------------------------
 
 
+# Beyond every test's span: only the tests of the quiet re-check see one.
+QUIET_NEVER_RECHECKED_S = 100_000.0
+
+
 class Gateway:
     """A harness whose store keeps `history_size` events, and the use case reading from it."""
 
@@ -46,6 +50,7 @@ class Gateway:
         feed: EventFeed | None = None,
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         largest_event_bytes: int | None = None,
+        recheck_s: float = QUIET_NEVER_RECHECKED_S,
     ) -> None:
         self.h = Harness()
         self.h.store = InMemoryStateStore(
@@ -72,6 +77,7 @@ class Gateway:
             job_idle_s=job_idle_s,
             history_size=history_size,
             history_trimmed_above_bytes=trimmed_above,
+            recheck_s=recheck_s,
         )
         self.stream = StreamJobEvents(
             feed=self.feed,
@@ -228,6 +234,7 @@ async def scripted_gateway(
     max_wait_s: float,
     job_idle_s: float = 600.0,
     history_size: int = 100,
+    recheck_s: float = QUIET_NEVER_RECHECKED_S,
 ) -> tuple[Gateway, ScriptedFeed]:
     # The harness's clock is made first, so the feed can share it.
     gateway = Gateway(
@@ -235,6 +242,7 @@ async def scripted_gateway(
         max_wait_s=max_wait_s,
         job_idle_s=job_idle_s,
         history_size=history_size,
+        recheck_s=recheck_s,
     )
     feed = ScriptedFeed(gateway.h.clock, script)
     gateway.stream = StreamJobEvents(

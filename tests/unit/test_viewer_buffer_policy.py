@@ -12,8 +12,8 @@ from eco_router.domain.sse import GatewayEvent
 
 def event(seq: int, *, terminal: bool) -> GatewayEvent:
     if terminal:
-        return GatewayEvent(seq=seq, stage="done", status="done", data=b"{}")
-    return GatewayEvent(seq=seq, stage="scan", status="running", data=b"{}")
+        return GatewayEvent(event_id=seq, stage="done", status="done", data=b"{}")
+    return GatewayEvent(event_id=seq, stage="scan", status="running", data=b"{}")
 
 
 class BufferPolicy(RuleBasedStateMachine):

@@ -11,11 +11,11 @@ from eco_router.domain.sse import GatewayEvent
 
 
 def running(seq: int) -> GatewayEvent:
-    return GatewayEvent(seq=seq, stage="scan", status="running", data=b'{"seq":%d}' % seq)
+    return GatewayEvent(event_id=seq, stage="scan", status="running", data=b'{"seq":%d}' % seq)
 
 
 def done(seq: int) -> GatewayEvent:
-    return GatewayEvent(seq=seq, stage="done", status="done", data=b'{"seq":%d}' % seq)
+    return GatewayEvent(event_id=seq, stage="done", status="done", data=b'{"seq":%d}' % seq)
 
 
 class DropCounter:

@@ -17,7 +17,7 @@ class OrjsonEventEncoder(EventEncoder):
 
 
 class OrjsonEventDecoder(EventDecoder):
-    """Reads seq, stage, status and the entry's write time out of a routed payload."""
+    """Reads the event id (or seq), kind and write time out of a routed payload."""
 
     def decode(self, payload: bytes) -> GatewayEvent | None:
         try:
@@ -26,20 +26,24 @@ class OrjsonEventDecoder(EventDecoder):
             return None
         if not isinstance(message, dict):
             return None
-        seq = message.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool):
+        # Events routed before event ids had their seq as their id.
+        event_id = message.get("event_id", message.get("seq"))
+        if not isinstance(event_id, int) or isinstance(event_id, bool):
             return None
+        prev_id = message.get("prev_event_id")
         stream_id = message.get("stream_id")
         written_ms = None
         if isinstance(stream_id, str) and stream_id.partition("-")[0].isdigit():
             written_ms = int(stream_id.partition("-")[0])
         return GatewayEvent(
-            seq=seq,
+            event_id=event_id,
             stage=_text(message.get("stage")),
             status=_text(message.get("status")),
             data=payload,
             written_ms=written_ms,
             domain=_text(message.get("domain")),
+            prev_id=prev_id if isinstance(prev_id, int) and not isinstance(prev_id, bool) else None,
+            restart=message.get("restart") is True,
         )
 
 

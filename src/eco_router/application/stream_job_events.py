@@ -27,8 +27,11 @@ from eco_router.domain.sse import (
     event_frame,
     idle_left_ms,
     job_end,
+    missed_before,
+    missed_text,
     plan_replay,
     snapshot_frame,
+    text_recovery,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,9 @@ class StreamLimits:
     max_wait_s: float = 300.0
     # A job not heard of for this long, without its end, is given up as idle.
     job_idle_s: float = 600.0
+    # A stream that heard nothing of its job for this long reads the job's state again: an
+    # end lost on its way from Redis still ends the stream.
+    recheck_s: float = 60.0
     history_size: int = 100
     # A history whose payloads exceed this may have lost events to the byte cap (None: no cap).
     history_trimmed_above_bytes: int | None = None
@@ -66,7 +72,14 @@ class StreamJobEvents:
     - Subscribe first, then read history and state: nothing published in between is lost.
     - Replay, in seq order, every history event after the client's Last-Event-ID (none: from
       the start); a snapshot first when the job is unknown or the history no longer reaches back.
-    - Then live events; a seq at or below the last one sent on this connection is never sent.
+    - A job's text: a client that missed tokens gets one `token_recovery` (the text up to
+      its last token, read in one atomic step) in their place, among the stage events by id.
+    - Then live events; an id at or below the last one sent on this connection is never sent.
+      A live event whose previous id is past the last one sent (the client missed events:
+      a router died between its apply and its publish, a message lost on the way), or one
+      that restarts the text (a retried task), is preceded by a catch-up from the store.
+    - A stream that heard nothing of its job for `recheck_s` catches up from the store: an
+      end lost on its way from Redis still ends it.
     - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
     - A job not heard of for `job_idle_s` without its end is idle (`job_end`): its end may
@@ -108,6 +121,7 @@ class StreamJobEvents:
         self._metrics = metrics
         self._limits = limits or StreamLimits()
         self._idle_ms = round(self._limits.job_idle_s * 1000)
+        self._recheck_ms = round(self._limits.recheck_s * 1000)
 
     async def already_ended(self, domain: str, job_id: str, last_event_id: int | None) -> bool:
         """True when the job has ended, or is idle, at or below `last_event_id`: nothing is
@@ -119,7 +133,9 @@ class StreamJobEvents:
         except TransientError as error:
             raise StreamUnavailable("state store") from error
         state = self._decoder.decode(view.state) if view.state is not None else None
-        heard_ms = state.written_ms if state is not None else None
+        heard_ms = _latest(state.written_ms if state is not None else None, view.text_written_ms)
+        if missed_text(view.text_last_id, last_event_id):
+            return False
         return self._end(state, last_event_id, heard_ms) is not None
 
     async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
@@ -197,7 +213,18 @@ class StreamJobEvents:
                     yield IDLE_FRAME
                     stream.reason = IDLE
                     return
-                wait = min(wait_left, idle_left / 1000)
+                checked_ms = max(heard_ms, cursor.checked_ms)
+                recheck_left = checked_ms + self._recheck_ms - self._clock.now_ms()
+                if recheck_left <= 0:
+                    frames = await self._catch_up(domain, job_id, cursor, recheck=True)
+                    if frames:
+                        yield b"".join(frames)
+                        last_write = self._clock.monotonic()
+                    if cursor.ended:
+                        stream.reason = cursor.ended
+                        return
+                    continue
+                wait = min(wait_left, idle_left / 1000, recheck_left / 1000)
                 if writer is None:
                     keepalive_left = last_write + self._limits.keepalive_s - now
                     if keepalive_left <= 0:
@@ -214,11 +241,11 @@ class StreamJobEvents:
                 if isinstance(item, FeedGap):
                     frames = await self._catch_up(domain, job_id, cursor)
                 else:
-                    frames = self._live(item, cursor)
+                    frames = await self._live_or_catch_up(domain, job_id, item, cursor)
                     # Events already queued go out in the same write: a viewer that fell
                     # behind catches up in one send instead of one per event.
                     while not cursor.ended and (more := subscription.next_nowait()) is not None:
-                        frames += self._live(more, cursor)
+                        frames += await self._live_or_catch_up(domain, job_id, more, cursor)
                 if frames:
                     yield frames[0] if len(frames) == 1 else b"".join(frames)
                     last_write = self._clock.monotonic()
@@ -235,10 +262,34 @@ class StreamJobEvents:
                 writer.stop_keepalive()
             await stream.release()
 
-    async def _catch_up(self, domain: str, job_id: str, cursor: _Cursor) -> list[bytes]:
+    async def _live_or_catch_up(
+        self, domain: str, job_id: str, event: GatewayEvent, cursor: _Cursor
+    ) -> list[bytes]:
+        """The live event's frame; first a catch-up from the store when it tells that the
+        client missed events before it (the event itself is sent after, if the store did
+        not have it yet)."""
+        if not missed_before(event, cursor.last_sent):
+            return self._live(event, cursor)
+        frames = await self._catch_up(domain, job_id, cursor)
+        if not cursor.ended:
+            frames += self._live(event, cursor)
+        return frames
+
+    async def _catch_up(
+        self, domain: str, job_id: str, cursor: _Cursor, *, recheck: bool = False
+    ) -> list[bytes]:
+        """The frames the client missed, read from the store. A re-check of a quiet stream
+        sends only what is new: the client was told at its opening of a job still unknown."""
+        # One re-read per quiet spell, not one per turn of the wait.
+        cursor.checked_ms = self._clock.now_ms()
         view = await self._store.view(domain, job_id)
         history = [e for e in map(self._decoder.decode, view.history) if e is not None]
         state = self._decoder.decode(view.state) if view.state is not None else None
+        recovery = None
+        if missed_text(view.text_last_id, cursor.last_sent):
+            text = await self._store.text(domain, job_id)
+            if text is not None:
+                recovery = text_recovery(text, job_id, state)
         plan = plan_replay(
             last_event_id=cursor.last_sent,
             history=history,
@@ -246,9 +297,10 @@ class StreamJobEvents:
             history_size=self._limits.history_size,
             history_bytes=sum(map(len, view.history)),
             trimmed_above_bytes=self._limits.history_trimmed_above_bytes,
+            recovery=recovery,
         )
         frames = []
-        if plan.snapshot:
+        if plan.snapshot and not (recheck and state is None):
             frames.append(snapshot_frame(state, job_id))
             self._metrics.snapshot_sent()
         sent = 0
@@ -260,8 +312,9 @@ class StreamJobEvents:
                     break
         if sent:
             self._metrics.events_sent(sent, replayed=True)
-        if state is not None and state.written_ms is not None:
-            cursor.heard_ms = max(state.written_ms, cursor.heard_ms or 0)
+        written_ms = _latest(state.written_ms if state is not None else None, view.text_written_ms)
+        if written_ms is not None:
+            cursor.heard_ms = max(written_ms, cursor.heard_ms or 0)
         if cursor.ended is None:
             # The client already has the end of this job, or the latest event of an idle one.
             cursor.ended = self._end(state, cursor.last_sent, cursor.heard_ms)
@@ -305,6 +358,11 @@ class StreamJobEvents:
         return [event_frame(event)]
 
 
+def _latest(*times_ms: int | None) -> int | None:
+    known = [t for t in times_ms if t is not None]
+    return max(known) if known else None
+
+
 class JobStream:
     """One client's open stream of a job: iterate it for its frames; `aclose` ends it.
 
@@ -346,32 +404,34 @@ class JobStream:
 
 
 class _Cursor:
-    """The last seq sent on this connection, what it sent, when the job was last heard of
+    """The last event id sent on this connection, what it sent, when the job was last heard of
     (wall-clock ms, None until known) and how the stream ended."""
 
-    __slots__ = ("_resumed_after", "_sent", "ended", "heard_ms", "last_sent")
+    __slots__ = ("_resumed_after", "_sent", "checked_ms", "ended", "heard_ms", "last_sent")
 
     def __init__(self, last_event_id: int | None) -> None:
         self.last_sent = last_event_id
         self.ended: str | None = None
         self.heard_ms: int | None = None
+        # When the store was last read for this stream (wall-clock ms).
+        self.checked_ms = 0
         self._resumed_after = last_event_id
         # Made at the first event sent: many streams wait long before theirs.
         self._sent: set[int] | None = None
 
     def take(self, event: GatewayEvent) -> bool:
-        if self.last_sent is not None and event.seq <= self.last_sent:
+        if self.last_sent is not None and event.event_id <= self.last_sent:
             return False
-        self.last_sent = event.seq
+        self.last_sent = event.event_id
         if self._sent is None:
-            self._sent = {event.seq}
+            self._sent = {event.event_id}
         else:
-            self._sent.add(event.seq)
+            self._sent.add(event.event_id)
         if event.terminal:
             self.ended = end_reason(event)
         return True
 
     def overtaken(self, event: GatewayEvent) -> bool:
         """A refused event this client never got, from after its resume point: it missed it."""
-        after_resume = self._resumed_after is None or event.seq > self._resumed_after
-        return after_resume and (self._sent is None or event.seq not in self._sent)
+        after_resume = self._resumed_after is None or event.event_id > self._resumed_after
+        return after_resume and (self._sent is None or event.event_id not in self._sent)

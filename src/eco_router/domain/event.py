@@ -6,9 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-RESERVED_FIELDS = frozenset(
-    {"job_id", "stage", "status", "seq", "ts", "progress", "result", "attempt"}
-)
+RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
 # Set by the router on every routed event: a producer's fields of these names are dropped.
 ROUTER_FIELDS = frozenset({"event_id", "prev_event_id", "restart", "text_check"})
 # A text delta of a job's answer: `content` is appended to the job's text (per `node`).
@@ -49,7 +47,7 @@ class JobEvent:
     result: Any = None
     has_result: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
-    # Which run of the task wrote it: a higher attempt restarts the job's text.
+    # A token's run of the task (its `attempt` field): a higher one restarts the job's text.
     attempt: int = 0
 
     @property
@@ -74,7 +72,7 @@ class JobEvent:
     @property
     def node(self) -> str | None:
         """The graph node a token's text belongs to, when the producer names one."""
-        return self.extra.get("node")
+        return self.extra.get("node") or None
 
     def as_payload(self) -> dict[str, Any]:
         """The routed message: the entry's fields, typed, plus where it came from."""
@@ -89,8 +87,6 @@ class JobEvent:
             payload["progress"] = self.progress
         if self.has_result:
             payload["result"] = self.result
-        if self.attempt:
-            payload["attempt"] = self.attempt
         payload["stream_id"] = self.stream_id
         payload["domain"] = self.domain
         return payload

@@ -16,7 +16,7 @@ DEFAULT_MAX_FIELD_BYTES = 64 * 1024
 MAX_SEQ = 2**53 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 # Producers on the reference design write every field as a string, an absent one as "".
-OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result", "node", "attempt")
+OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
 # Trace context passes through to the published event; the reference producer writes the
 # fields empty when it has no span, which would only put "" in front of browsers.
 TRACE_FIELDS = ("traceparent", "tracestate", "trace_id", "span_id")
@@ -84,18 +84,20 @@ def parse_entry(
                 f"progress {raw_progress[:32]!r} is not an integer of at most {MAX_SEQ}",
             )
 
+    # A token's attempt fences a retried task's text; on other events it is the producer's.
     attempt = 0
-    raw_attempt = text.get("attempt")
-    if raw_attempt is not None:
-        parsed = _integer(raw_attempt)
-        if parsed is None or not 0 <= parsed <= MAX_SEQ:
-            return Rejection(
-                RejectReason.ATTEMPT_NOT_INTEGER,
-                f"attempt {raw_attempt[:32]!r} is not an integer from 0 to {MAX_SEQ}",
-            )
-        attempt = parsed
-    if text.get("stage") == TOKEN_STAGE and "content" not in text:
-        return Rejection(RejectReason.MISSING_CONTENT, "a token without a content field")
+    raw_attempt = text.get("attempt", "")
+    if text.get("stage") == TOKEN_STAGE:
+        if "content" not in text:
+            return Rejection(RejectReason.MISSING_CONTENT, "a token without a content field")
+        if raw_attempt:
+            parsed = _integer(raw_attempt)
+            if parsed is None or not 0 <= parsed <= MAX_SEQ:
+                return Rejection(
+                    RejectReason.ATTEMPT_NOT_INTEGER,
+                    f"attempt {raw_attempt[:32]!r} is not an integer from 0 to {MAX_SEQ}",
+                )
+            attempt = parsed
 
     has_result = "result" in text
     result: object = None

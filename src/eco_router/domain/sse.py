@@ -6,19 +6,25 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from eco_router.domain.text import JobText, recovery_payload
+
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayEvent:
-    """A routed event as the gateway forwards it: its seq, its kind and its JSON as published."""
+    """A routed event as the gateway forwards it: its id in the job's one sequence (the SSE
+    id), its kind, its JSON as published, and the id of the job's event before it (None:
+    unknown, or the first) with whether it restarts the job's text."""
 
-    seq: int
+    event_id: int
     stage: str | None
     status: str | None
     data: bytes
     written_ms: int | None = None
     domain: str | None = None
+    prev_id: int | None = None
+    restart: bool = False
     # Worked out once: one event fans out to every viewer of its job, each asking again.
     _name: str = field(init=False, repr=False, compare=False)
     _frame: bytes | None = field(default=None, init=False, repr=False, compare=False)
@@ -57,7 +63,11 @@ def event_frame(event: GatewayEvent) -> bytes:
     viewer of the job."""
     frame = event._frame
     if frame is None:
-        frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (event.seq, event._name.encode(), event.data)
+        frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (
+            event.event_id,
+            event._name.encode(),
+            event.data,
+        )
         object.__setattr__(event, "_frame", frame)
     return frame
 
@@ -112,7 +122,7 @@ def job_end(
     - A job with no state (unknown, not started yet, or expired) or not heard of at a known
       time is neither: nothing says it will not go on.
     """
-    if state is None or last_sent is None or state.seq > last_sent:
+    if state is None or last_sent is None or state.event_id > last_sent:
         return None
     if state.terminal:
         return end_reason(state)
@@ -121,6 +131,39 @@ def job_end(
     ):
         return IDLE
     return None
+
+
+def missed_text(text_last_id: int | None, last_sent: int | None) -> bool:
+    """Whether a client that got `last_sent` lacks tokens of the job's text (whose last token
+    has id `text_last_id`): then it needs the text, read whole."""
+    return text_last_id is not None and (last_sent is None or text_last_id > last_sent)
+
+
+def missed_before(event: GatewayEvent, last_sent: int | None) -> bool:
+    """Whether a live event tells that the client missed events before it: the job's event
+    before it is past what the client got, or it restarts the text (a new attempt)."""
+    if event.restart:
+        return True
+    return event.prev_id is not None and (last_sent is None or event.prev_id > last_sent)
+
+
+RECOVERY_STAGE = "token_recovery"
+
+
+def text_recovery(text: JobText, job_id: str, state: GatewayEvent | None) -> GatewayEvent:
+    """The `token_recovery` event that stands for every token up to the text's last one.
+
+    Its id is the last token's, so the client's Last-Event-ID goes on from there. It is
+    `completed` only when the job's terminal event is behind it: nothing follows it then (a
+    reference frontend closes its stream on it, and would otherwise miss `done`).
+    """
+    completed = state is not None and state.terminal and state.event_id < text.last_id
+    return GatewayEvent(
+        event_id=text.last_id,
+        stage=RECOVERY_STAGE,
+        status="snapshot",
+        data=recovery_payload(text, job_id, completed=completed),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +182,11 @@ def plan_replay(
     history_size: int,
     history_bytes: int = 0,
     trimmed_above_bytes: int | None = None,
+    recovery: GatewayEvent | None = None,
 ) -> ReplayPlan:
-    """Replay every history event after `last_event_id`, in seq order.
+    """Replay every history event after `last_event_id`, in id order, with the text's
+    `recovery` (if the client missed tokens) in its place among them: the stage events it
+    needs, one frame for the text up to its last token, then what came after.
 
     A snapshot comes first when the job is unknown, or when the history may have lost its
     oldest events and no longer reaches back to the client's id (or to the start, for a new
@@ -149,11 +195,14 @@ def plan_replay(
     byte cap, when its payloads (`history_bytes`) exceed `trimmed_above_bytes`: the cap less
     the largest event, what a history trimmed by bytes always keeps more than.
     """
-    ordered = sorted(history, key=lambda e: e.seq)
+    ordered = sorted(history, key=lambda e: e.event_id)
     after = -1 if last_event_id is None else last_event_id
-    events = [e for e in ordered if e.seq > after]
-    unknown = state is None and not ordered
-    reaches_back = last_event_id is not None and bool(ordered) and ordered[0].seq <= after + 1
+    events = [e for e in ordered if e.event_id > after]
+    if recovery is not None and recovery.event_id > after:
+        events.append(recovery)
+        events.sort(key=lambda e: e.event_id)
+    unknown = state is None and not ordered and recovery is None
+    reaches_back = last_event_id is not None and bool(ordered) and ordered[0].event_id <= after + 1
     trimmed_by_bytes = trimmed_above_bytes is not None and history_bytes > trimmed_above_bytes
     gap = (len(ordered) >= history_size or trimmed_by_bytes) and not reaches_back
     return ReplayPlan(snapshot=unknown or gap, events=events)

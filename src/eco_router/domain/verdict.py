@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from eco_router.domain.event import JobEvent
@@ -30,7 +30,7 @@ class JobRecord:
     last_seq: int | None = None
     applied_by: Mapping[int, str] | None = None
     gone: frozenset[str] = frozenset()
-    text: TextRecord = TextRecord()
+    text: TextRecord = field(default_factory=TextRecord)
 
     def entry_that_applied(self, seq: int) -> str | None:
         return None if self.applied_by is None else self.applied_by.get(seq)

@@ -110,6 +110,7 @@ class Container(containers.DeclarativeContainer):
         markers_ttl_s=settings.provided.published_ttl_s,
         history_size=settings.provided.history_size,
         history_max_bytes=settings.provided.history_max_bytes,
+        text_max_bytes=settings.provided.text_max_bytes,
         families=settings.provided.streams,
         replica_wait=providers.Factory(
             ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
@@ -224,6 +225,7 @@ class Container(containers.DeclarativeContainer):
         keepalive_s=settings.provided.sse_keepalive_s,
         max_wait_s=settings.provided.sse_max_wait_s,
         job_idle_s=settings.provided.sse_job_idle_s,
+        recheck_s=settings.provided.sse_recheck_s,
         history_size=settings.provided.history_size,
         history_trimmed_above_bytes=settings.provided.history_trimmed_above_bytes,
     )
@@ -311,6 +313,7 @@ def use_in_memory(container: Container) -> None:
             markers_ttl_s=settings.provided.published_ttl_s,
             history_size=settings.provided.history_size,
             history_max_bytes=settings.provided.history_max_bytes,
+            text_max_bytes=settings.provided.text_max_bytes,
         )
     )
     container.broadcaster.override(

@@ -30,6 +30,7 @@ from eco_router.domain.event_size import (
     EventSizeLimits,
 )
 from eco_router.domain.streams import StreamFamily
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.cors import parse_origins
 from eco_router.entrypoints.http.protocols import HttpParserChoice
@@ -94,7 +95,7 @@ class Settings(BaseSettings):
     # `auto` picks it on a Redis Cluster, where nothing else works.
     key_layout: Literal["auto", "plain", "tagged"] = "auto"
     streams: Annotated[tuple[StreamFamily, ...], NoDecode] = Field(
-        parse_families("scan:events=4"), validate_default=True
+        parse_families("scan:events=4,chat:events=4"), validate_default=True
     )
     consumer_group: str = Field("eventrouter", min_length=1)
     consumer_name: str = Field(default_factory=default_consumer_name, min_length=1)
@@ -124,6 +125,9 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(DEFAULT_MAX_EVENT_BYTES, ge=256)
     max_result_bytes: int = Field(DEFAULT_MAX_RESULT_BYTES, ge=256)
     history_max_bytes: int = Field(DEFAULT_HISTORY_MAX_BYTES, ge=1024)
+    # A job's answer text, kept whole for viewers that resume; past it, the attempt's later
+    # tokens are not routed and the job's end marks the text truncated.
+    text_max_bytes: int = Field(DEFAULT_TEXT_MAX_BYTES, ge=1024, le=512 * 1024 * 1024)
     stats_interval_s: float = Field(5, gt=0)
     jwt_secret: SecretStr | None = None
     jwt_require_exp: bool = True
@@ -134,6 +138,9 @@ class Settings(BaseSettings):
     # A job with no event for this long and no end is idle (its end lost, or abandoned): its
     # streams end with `event: error` (`idle`) and a resuming client gets 204.
     sse_job_idle_s: float = Field(600, gt=0)
+    # A stream that heard nothing of its job for this long reads the job's state again, so an
+    # end lost on its way from Redis still ends it.
+    sse_recheck_s: float = Field(60, gt=0)
     sse_queue_size: int = Field(256, ge=2, le=100_000)
     # Bounds on clients of `serve` (slow, idle or too many connections).
     sse_max_per_client: int = Field(32, ge=1, le=100_000)
