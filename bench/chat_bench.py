@@ -270,6 +270,8 @@ class Delivery:
     snapshots: int = 0
     recoveries: int = 0
     stage_frames: dict[str, int] = field(default_factory=dict)
+    token_frame_bytes: int | None = None
+    sample_token_frame: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
     problems: dict[str, int] = field(default_factory=dict)
     cut: int = 0
@@ -323,6 +325,11 @@ def tally_delivery(
         errors.update(ledger.errors)
         latencies += ledger.latencies_ms
     d.stage_frames, d.errors = dict(stage_frames), dict(errors)
+    token_frames = sum(ledger.token_frames for ledger in ledgers)
+    if token_frames:
+        d.token_frame_bytes = round(sum(ledger.token_bytes for ledger in ledgers) / token_frames)
+    sample = next((ledger.sample_token for ledger in ledgers if ledger.sample_token), None)
+    d.sample_token_frame = None if sample is None else sample.decode(errors="replace")
     d.problems, d.cut = dict(tally.problems), tally.cut
     ordered = ranked(latencies, d.tokens_expected)
     d.p50_ms, d.p99_ms, d.max_ms = (percentile(ordered, p) for p in (50, 99, 100))
@@ -695,6 +702,7 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
             "ids repeated / backwards / prev_event_id mismatches",
             f"{d.repeated_ids} / {d.ids_backwards} / {d.prev_mismatches}",
         ],
+        ["bytes per token frame (mean)", num(d.token_frame_bytes, "{:,}")],
         ["snapshots / token_recovery frames", f"{d.snapshots:,} / {d.recoveries:,}"],
         [
             f"other frames ({frames:,})",
@@ -722,6 +730,11 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
 
 
 def print_delivery_notes(d: Delivery) -> None:
+    if d.sample_token_frame:
+        print("a token frame as received:")
+        print("```")
+        print(d.sample_token_frame)
+        print("```")
     for name, value in (
         ("connect failures", d.connect_failures),
         ("error frames", d.errors),

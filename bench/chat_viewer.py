@@ -43,6 +43,7 @@ class ParsedFrame:
     token: int | None  # a token's number, from its content
     sent_ms: float | None  # the writer's `ts`, else the entry id's milliseconds
     size: int  # bytes on the stream, with the blank line ending it
+    raw: bytes
 
 
 class FrameParser:
@@ -79,7 +80,7 @@ def _parse(frame: bytes) -> ParsedFrame:
         if isinstance(content, str):
             token = token_number(content)
         sent_ms = _sent_ms(data)
-    return ParsedFrame(name, event_id, data, token, sent_ms, len(frame) + 2)
+    return ParsedFrame(name, event_id, data, token, sent_ms, len(frame) + 2, frame)
 
 
 def _sent_ms(data: dict[str, Any]) -> float | None:
@@ -121,6 +122,8 @@ class AnswerLedger:
         self.frames = 0
         self.tokens: set[int] = set()
         self.token_frames = 0
+        self.token_bytes = 0
+        self.sample_token: bytes | None = None
         self.duplicates = 0
         self.recoveries = 0
         self.recovered_through = 0
@@ -216,6 +219,9 @@ class AnswerLedger:
         n = frame.token
         assert n is not None
         self.token_frames += 1
+        self.token_bytes += frame.size
+        if self.sample_token is None:
+            self.sample_token = frame.raw
         if n in self.tokens or n <= self.recovered_through:
             self.duplicates += 1
             return
