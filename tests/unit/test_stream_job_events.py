@@ -160,7 +160,7 @@ def _describe(frame: bytes) -> str:
     fields = dict(line.split(": ", 1) for line in lines)
     data = orjson.loads(fields["data"])
     if "id" in fields:
-        assert data["seq"] == int(fields["id"]), frame
+        assert data.get("event_id", data.get("seq")) == int(fields["id"]), frame
         return f"{fields['id']}:{fields['event']}"
     if fields["event"] == "snapshot":
         assert set(data) == {"job_id", "state"}, frame  # one shape, known job or not
