@@ -157,7 +157,8 @@ class TestTheReferenceWorkersAnswer:
         text = await gw.h.store.text("scan", "job-1")
 
         assert result.verdicts == {Verdict.DUPLICATE: 1}
-        assert text is not None and text.text.decode() == "".join(ANSWER[:2])
+        assert text is not None
+        assert text.text.decode() == "".join(ANSWER[:2])
 
     async def test_tokens_and_stage_events_in_one_batch_keep_their_stream_order(
         self, gw: Gateway
