@@ -58,7 +58,7 @@ from bench.chat_entries import (
 )
 from bench.chat_viewer import AnswerLedger, ChatViewer, FrameParser, open_viewer, open_viewers
 from bench.producer_process import ProducerProcess
-from bench.redis_probes import redis_cpu_seconds, watch_drain
+from bench.redis_probes import command_usec, redis_cpu_seconds, watch_drain
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, percentile, run_benchmark, step
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
@@ -434,6 +434,8 @@ class CostSample:
     router_us: float
     pubsub_us: float
     verdicts: dict[str, float]
+    # The streams server's time per token by command (INFO commandstats over the drain).
+    command_us: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -446,8 +448,11 @@ class Cost:
     samples: list[CostSample] = field(default_factory=list)
     median: dict[str, dict[str, float]] = field(default_factory=dict)
     ratio: dict[str, float | None] = field(default_factory=dict)
+    command_us: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+# What the bench itself sends during a drain.
+BENCH_COMMANDS = frozenset({"config|resetstat", "info", "xinfo|groups", "multi", "exec"})
 COST_KINDS = {"token": "(a) stage=token", "delta": "(b) stage=delta"}
 COST_FIGURES = ("streams_us", "router_us", "pubsub_us", "tokens_per_s")
 
@@ -471,8 +476,10 @@ def cost_sample(kind: str, args: argparse.Namespace) -> CostSample:
             wait_until_reading(client, [router], family=CHAT)
             streams_cpu, pubsub_cpu = redis_cpu_seconds(client), redis_cpu_seconds(pubsub_client)
             router_cpu = router.cpu_seconds()
+            client.config_resetstat()
             opened = open_gate(client, backlog, CHAT)
             drained = watch_drain(client, [router], len(entries), CHAT)
+            commands = command_usec(client)
             streams_cpu = redis_cpu_seconds(client) - streams_cpu
             pubsub_cpu = redis_cpu_seconds(pubsub_client) - pubsub_cpu
             router_cpu = router.cpu_seconds() - router_cpu
@@ -485,6 +492,11 @@ def cost_sample(kind: str, args: argparse.Namespace) -> CostSample:
             router_us=round(1e6 * router_cpu / tokens, 2),
             pubsub_us=round(1e6 * pubsub_cpu / tokens, 2),
             verdicts=router.figures,
+            command_us={
+                name: round(usec / tokens, 2)
+                for name, usec in commands.items()
+                if name not in BENCH_COMMANDS
+            },
         )
 
 
@@ -507,6 +519,11 @@ def cost(args: argparse.Namespace) -> Cost:
             "router_us": statistics.median(s.router_us for s in samples),
             "pubsub_us": statistics.median(s.pubsub_us for s in samples),
             "tokens_per_s": statistics.median(s.tokens / s.drain_s for s in samples),
+        }
+        names = {name for s in samples for name in s.command_us}
+        result.command_us[kind] = {
+            name: statistics.median(s.command_us.get(name, 0.0) for s in samples)
+            for name in sorted(names)
         }
     a, b = result.median["token"], result.median["delta"]
     for name in COST_FIGURES:
@@ -804,6 +821,12 @@ def print_report(report: Report) -> None:
                 ", ".join(f"{k} {v:,}" for k, v in sorted(totals.items())) or "n/a"
             )
         rows.append(["router verdicts (all rounds)", *verdict_cells, ""])
+        a_cmd, b_cmd = c.command_us.get("token", {}), c.command_us.get("delta", {})
+        for name in sorted(set(a_cmd) | set(b_cmd), key=lambda n: -b_cmd.get(n, a_cmd.get(n, 0))):
+            x, y = a_cmd.get(name, 0.0), b_cmd.get(name, 0.0)
+            if max(x, y) >= 0.05:
+                factor = f"{x / y:.3f}" if y else "n/a"
+                rows.append([f"  streams Redis {name} (µs/token)", f"{x:.2f}", f"{y:.2f}", factor])
         table(["", COST_KINDS["token"], COST_KINDS["delta"], "(a)/(b)"], rows)
         for name in ("streams_us", "router_us"):
             ratio = c.ratio[name]
