@@ -821,6 +821,12 @@ def print_report(report: Report) -> None:
                 ", ".join(f"{k} {v:,}" for k, v in sorted(totals.items())) or "n/a"
             )
         rows.append(["router verdicts (all rounds)", *verdict_cells, ""])
+        batches = []
+        for kind in COST_KINDS:
+            sums = [x.verdicts.get("batch_size_sum", 0.0) for x in c.samples if x.kind == kind]
+            counts = [x.verdicts.get("batch_size_count", 0.0) for x in c.samples if x.kind == kind]
+            batches.append(num(sum(sums) / sum(counts), "{:.1f}") if sum(counts) else "n/a")
+        rows.append(["router's mean batch (entries per read)", *batches, ""])
         a_cmd, b_cmd = c.command_us.get("token", {}), c.command_us.get("delta", {})
         for name in sorted(set(a_cmd) | set(b_cmd), key=lambda n: -b_cmd.get(n, a_cmd.get(n, 0))):
             x, y = a_cmd.get(name, 0.0), b_cmd.get(name, 0.0)
