@@ -3,7 +3,10 @@ asyncio."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -15,6 +18,7 @@ from redis.exceptions import NoScriptError
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.errors import is_transient
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.token_batches import (
@@ -24,10 +28,18 @@ from eco_router.adapters.token_batches import (
     coalesced_sync,
     refuse_text,
 )
+from eco_router.application.backoff import Backoff
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.progress import InvalidProgressEvent
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
+
+logger = logging.getLogger(__name__)
+
+# A batch of tokens holds the only copy of its deltas (a model's stream is read once): a write
+# lost with its connection, or refused mid-failover, is sent again for up to this long before
+# its error is raised. An entry of it that had landed is not added again: its marker answers.
+TOKEN_WRITE_RETRY_S = 10.0
 
 
 def script_arguments(
@@ -83,7 +95,9 @@ class AsyncStreamPublisher(ProgressPublisher):
         seq `first_seq + n`; each is written once per (job, attempt, seq), so a retried round
         trip adds nothing. A retried task passes a higher `attempt`: the router starts the
         job's text again and drops the older attempt's late tokens. Settings are validated
-        before the first delta is read (`InvalidProgressEvent`).
+        before the first delta is read (`InvalidProgressEvent`). A write that fails on a lost
+        connection is sent again for up to `TOKEN_WRITE_RETRY_S`; what the source yielded
+        before it failed is written, then its error is raised.
         """
         refuse_text(tokens)
         run = self.config.tokens(
@@ -94,7 +108,7 @@ class AsyncStreamPublisher(ProgressPublisher):
         async with contextlib.aclosing(coalesced(tokens, run.coalescing)) as batches:
             async for texts in batches:
                 entries, refused = _prepared(run.entry, tally.entries, texts)
-                await self._publish_all(entries)
+                await self._publish_batch(entries)
                 tally.add(texts[: len(entries)])
                 if refused is not None:
                     raise refused
@@ -118,6 +132,15 @@ class AsyncStreamPublisher(ProgressPublisher):
     async def _publish(self, entry: PreparedEntry) -> str:
         keys, args = script_arguments(entry, self.config)
         return _text(await self._wait.call(self._client, self._script, keys, args))
+
+    async def _publish_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        """`_publish_all`, sent again while it fails for a reason that passes."""
+        retries = _Retries()
+        while True:
+            try:
+                return await self._publish_all(entries)
+            except Exception as error:
+                await asyncio.sleep(retries.delay_after(error))
 
     async def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
         """Each entry once, in order, in one round trip (with its WAIT, when asked)."""
@@ -188,7 +211,7 @@ class StreamPublisher:
         tally = TokenTally(run.run.first_seq)
         for texts in coalesced_sync(tokens, run.coalescing):
             entries, refused = _prepared(run.entry, tally.entries, texts)
-            self._publish_all(entries)
+            self._publish_batch(entries)
             tally.add(texts[: len(entries)])
             if refused is not None:
                 raise refused
@@ -212,6 +235,14 @@ class StreamPublisher:
         keys, args = script_arguments(entry, self.config)
         return _text(self._wait.call_sync(self._client, self._script, keys, args))
 
+    def _publish_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        retries = _Retries()
+        while True:
+            try:
+                return self._publish_all(entries)
+            except Exception as error:
+                time.sleep(retries.delay_after(error))
+
     def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
         if len(entries) <= 1:
             return [self._publish(entry) for entry in entries]
@@ -229,6 +260,22 @@ class StreamPublisher:
             _queue_calls(pipe, self._script.sha, entries, self.config, self._wait, on_node)
             replies = pipe.execute()
         return _entry_ids(replies, self._wait)
+
+
+class _Retries:
+    """How long to wait before sending a failed batch of tokens again; raises the error when
+    it will not pass by retrying, or when `TOKEN_WRITE_RETRY_S` would be over."""
+
+    def __init__(self) -> None:
+        self._backoff = Backoff(initial_s=0.05, max_s=1.0)
+        self._deadline = time.monotonic() + TOKEN_WRITE_RETRY_S
+
+    def delay_after(self, error: Exception) -> float:
+        delay = self._backoff.next_delay()
+        if not is_transient(error) or time.monotonic() + delay > self._deadline:
+            raise error
+        logger.info("token write failed, sending it again in %.2f s: %r", delay, error)
+        return delay
 
 
 def _prepared(
