@@ -4,14 +4,58 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.progress import StagePlan, Status
 
 LABELS = ("cat", "dog", "bicycle", "receipt", "invoice", "screenshot", "landscape")
+
+# Numbered as the reference chat worker numbers its 17 stages (its sub-agents, 30 to 130,
+# named here by number): intent 10/11, answer 160/161, done 181. A chat job passes these
+# seqs itself, so any publisher takes it, whatever its own plan.
+CHAT_PLAN = StagePlan(
+    (
+        "intent",
+        "vision",
+        *(f"agent_{n}" for n in range(1, 12)),
+        "aggregator",
+        "feedback",
+        "answer",
+        "eval",
+    )
+)
+CHAT_NODE = "answer"
+# What a chat job answers: Korean, English and emoji, 150-300 tokens each.
+CHAT_ANSWERS = (
+    "안녕하세요! 👋 Here is how eco-router streams this answer to you. 작업자(worker)가 모델의 "
+    "토큰을 받으면 Redis Stream 에 하나씩 씁니다 ✍️, and the router appends each delta to the "
+    "job's text, keeping it in Redis so nothing is lost. 브라우저는 Server-Sent Events 로 토큰을 "
+    "받고, 연결이 끊어져도 🔌 Last-Event-ID 로 다시 연결하면 지금까지의 전체 텍스트를 "
+    'token_recovery 로 한 번에 받은 뒤 이어서 받습니다. Try it: press "Drop the connection" '
+    "while I am still typing ⌨️ and watch the text pick up exactly where it was, 글자 하나 "
+    "빠지거나 겹치지 않고요 ✅. Each entry is written once per (job, attempt, seq), so a retried "
+    "network call never doubles a word, 그리고 재시도된 작업(attempt 1, 2…)은 텍스트를 처음부터 "
+    "다시 씁니다 🔁. That is all for now — 감사합니다! 🙏",
+    "좋은 질문이에요 🤔 Let me think out loud. 오늘 서울 날씨는 맑고 ☀️ 기온은 23°C 정도라서 "
+    "산책하기 딱 좋아요 🚶. If you go out, 한강 공원에서 자전거 🚲 를 타거나 치맥 🍗🍺 을 즐겨 "
+    "보세요. A light jacket helps after sunset 🌇, 저녁에는 바람이 조금 불거든요 🌬️. Tokens like "
+    "these arrive a few at a time; the producer merges those that come within 50 ms into one "
+    "entry, 그래서 Redis 에 쓰는 횟수는 토큰 수보다 적습니다 📉. When the answer ends, the done "
+    "event carries the text's size and SHA-1, 브라우저가 자기 텍스트를 검증할 수 있도록요 🔍. "
+    "즐거운 하루 보내세요! 😊 Have a great day! 🌈",
+)
+# One delta: optional spaces, then up to three characters, as a model's tokens go.
+_TOKEN = re.compile(r"\s*\S{1,3}|\s+")
+
+
+def answer_tokens(text: str) -> list[str]:
+    """`text` cut into model-like deltas, which join back into it."""
+    return _TOKEN.findall(text)
 
 
 @dataclass(slots=True)
@@ -23,6 +67,8 @@ class DemoTally:
     jobs_failed: int = 0
     events: int = 0
     retries: int = 0
+    # Token entries of chat jobs' answers (deltas merged by the producer count once).
+    tokens: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -54,7 +100,13 @@ class RunDemoJobs:
       with a result; about one job in `failure_every` fails at a random stage instead.
     - About one publish in `retry_every` is sent twice, as a retried worker would; the
       producer's idempotency keeps it to one entry.
-    - Stops early, without half-written events, when `stop` is set.
+    - Given a `chat_publisher`, every second job is a chat job: queued, intent started and
+      completed, answer started, an answer of 150-300 tokens streamed at about
+      `tokens_per_s` (node `answer`), answer completed, and done with {"answer_chars": n};
+      failing, it stops halfway through its answer with answer failed. Its seqs are those of
+      the reference chat worker (`CHAT_PLAN`), passed explicitly.
+    - Stops early, without half-written events, when `stop` is set; a chat answer stops
+      between two tokens.
     """
 
     def __init__(
@@ -67,8 +119,12 @@ class RunDemoJobs:
         failure_every: int = 10,
         retry_every: int = 12,
         seed: int | None = None,
+        chat_publisher: ProgressPublisher | None = None,
+        tokens_per_s: float = 25.0,
     ) -> None:
         self._publisher = publisher
+        self._chat_publisher = chat_publisher
+        self._token_interval_s = 1.0 / tokens_per_s
         self._stages = tuple(stages)
         self._rate = rate
         self._concurrency = concurrency
@@ -87,24 +143,25 @@ class RunDemoJobs:
     ) -> DemoTally:
         tally = DemoTally()
         pacer = _Pacer(self._rate)
-        queue: asyncio.Queue[str] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
         run_id = f"{job_prefix}-{int(time.time() * 1000):x}-{self._random.randrange(16**4):04x}"
         for number in range(jobs):
-            queue.put_nowait(f"{run_id}-{number:04d}")
+            chat = self._chat_publisher is not None and number % 2 == 1
+            queue.put_nowait((f"{run_id}-{number:04d}", chat))
 
         async def worker() -> None:
             while not stop.is_set():
                 try:
-                    job_id = queue.get_nowait()
+                    job_id, chat = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                failing_at = (
-                    self._random.randrange(len(self._stages))
-                    if self._random.randrange(self._failure_every) == 0
-                    else None
-                )
+                failing = self._random.randrange(self._failure_every) == 0
                 if on_job_started is not None:
                     on_job_started(job_id)
+                if chat:
+                    await self._run_chat(job_id, pacer, tally, stop, on_event, fail=failing)
+                    continue
+                failing_at = self._random.randrange(len(self._stages)) if failing else None
                 await self._run_job(job_id, pacer, tally, stop, on_event, failing_at)
 
         async with asyncio.TaskGroup() as group:
@@ -112,13 +169,84 @@ class RunDemoJobs:
                 group.create_task(worker())
         return tally
 
+    @property
+    def runs_chat(self) -> bool:
+        """Whether chat jobs can be run (a chat publisher was given)."""
+        return self._chat_publisher is not None
+
     async def run_one(
-        self, job_id: str, stop: asyncio.Event, *, fail_at: int | None = None
+        self, job_id: str, stop: asyncio.Event, *, fail_at: int | None = None, chat: bool = False
     ) -> DemoTally:
-        """One whole pipeline for `job_id`, failing at stage index `fail_at` if given."""
+        """One whole pipeline for `job_id`, failing at stage index `fail_at` if given; a chat
+        job (failing halfway through its answer when `fail_at` is given) with `chat`."""
         tally = DemoTally()
-        await self._run_job(job_id, _Pacer(self._rate), tally, stop, None, fail_at)
+        pacer = _Pacer(self._rate)
+        if chat:
+            await self._run_chat(job_id, pacer, tally, stop, None, fail=fail_at is not None)
+        else:
+            await self._run_job(job_id, pacer, tally, stop, None, fail_at)
         return tally
+
+    async def _run_chat(
+        self,
+        job_id: str,
+        pacer: _Pacer,
+        tally: DemoTally,
+        stop: asyncio.Event,
+        on_event: Callable[[DemoTally], None] | None,
+        *,
+        fail: bool,
+    ) -> None:
+        publisher = self._chat_publisher
+        if publisher is None:
+            raise ValueError("chat jobs need a chat publisher")
+        tally.jobs_started += 1
+        text = self._random.choice(CHAT_ANSWERS)
+        deltas = answer_tokens(text)
+        if fail:
+            deltas = deltas[: len(deltas) // 2]
+
+        async def stage(name: str, status: Status, **extra: Any) -> bool:
+            if stop.is_set():
+                return False
+            await pacer.wait()
+            seq = CHAT_PLAN.seq_for(name, status)
+            await publisher.publish_stage_event(job_id, name, status.value, seq=seq, **extra)
+            tally.events += 1
+            if on_event is not None:
+                on_event(tally)
+            return True
+
+        opening = [
+            ("queued", Status.QUEUED, {"progress": 0}),
+            ("intent", Status.STARTED, {"progress": 5}),
+            ("intent", Status.COMPLETED, {"progress": 10}),
+            ("answer", Status.STARTED, {"progress": 15}),
+        ]
+        for name, status, extra in opening:
+            if not await stage(name, status, **extra):
+                return
+        published = await publisher.publish_tokens(
+            job_id, self._typed(deltas, stop), node=CHAT_NODE
+        )
+        tally.tokens += published.entries
+        if fail:
+            error = {"error": "the model stopped mid-answer"}
+            if await stage("answer", Status.FAILED, result=error):
+                tally.jobs_failed += 1
+            return
+        if not await stage("answer", Status.COMPLETED, progress=95):
+            return
+        if await stage("done", Status.DONE, progress=100, result={"answer_chars": len(text)}):
+            tally.jobs_finished += 1
+
+    async def _typed(self, deltas: Sequence[str], stop: asyncio.Event) -> AsyncIterator[str]:
+        """`deltas` one by one at the demo's typing pace, until `stop` is set."""
+        for delta in deltas:
+            if stop.is_set():
+                return
+            yield delta
+            await asyncio.sleep(self._token_interval_s)
 
     async def _run_job(
         self,
@@ -174,10 +302,14 @@ class StartDemoJob:
         self._tasks: set[asyncio.Task[DemoTally]] = set()
         self._count = 0
 
-    async def __call__(self, *, fail: bool = False) -> str:
+    async def __call__(self, *, fail: bool = False, chat: bool = False) -> str:
+        """A job's id; a chat job with `chat` (refused with ValueError when the run has no
+        chat publisher)."""
+        if chat and not self._run.runs_chat:
+            raise ValueError("chat jobs need a chat publisher")
         self._count += 1
         job_id = f"{self._prefix}-{int(time.time() * 1000):x}-{self._count}"
-        run = self._run.run_one(job_id, self._stop, fail_at=2 if fail else None)
+        run = self._run.run_one(job_id, self._stop, fail_at=2 if fail else None, chat=chat)
         task = asyncio.create_task(run, name=job_id)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

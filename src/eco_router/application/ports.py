@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from eco_router.application.errors import PermanentError
@@ -24,12 +24,13 @@ from eco_router.application.messages import (
     ShardStats,
     StoredDeadLetter,
 )
-from eco_router.domain.event import JobEvent
+from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
 from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.text import JobText
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 from eco_router.domain.verdict import Verdict
 
 
@@ -324,6 +325,21 @@ class ProgressPublisher(Protocol):
         seq: int | None = None,
     ) -> str:
         """Append the event once; returns its stream entry id."""
+        ...
+
+    async def publish_tokens(
+        self,
+        job_id: str,
+        tokens: AsyncIterable[Any] | Iterable[Any],
+        *,
+        node: str | None = None,
+        attempt: int = 0,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+        first_seq: int = FIRST_TOKEN_SEQ,
+    ) -> TokensPublished:
+        """Append the text deltas (`str` or OpenAI-style chunks) as token entries in the order
+        they come, merged within `coalesce_ms`, the n-th at seq `first_seq + n`; each entry is
+        appended once per (job, attempt, seq), so a retry adds none."""
         ...
 
 

@@ -274,6 +274,7 @@ class Container(containers.DeclarativeContainer):
         run=providers.Singleton(
             RunDemoJobs,
             publisher=demo_publisher,
+            chat_publisher=demo_publisher,
             stages=producer_config.provided.plan.stages,
             rate=settings.provided.demo_events_per_s,
         ),
