@@ -77,6 +77,7 @@ END_GRACE_S = 2.0
 POLL_S = 0.02
 LIVE_INTERVAL_S = 0.02  # a resumed answer goes on at 50 tokens/s
 LIVE_TOKENS_CHECKED = 5
+LAG_PROBE_S = 0.01
 RESUME_WAIT_S = 15.0
 ROUTED_TIMEOUT_S = 120.0
 
@@ -279,6 +280,10 @@ class Delivery:
     p99_ms: float | None = None
     max_ms: float | None = None
     delivered_within_s: float | None = None
+    first_viewer_p50_ms: float | None = None
+    first_viewer_p99_ms: float | None = None
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
     cpu_percent: dict[str, float] = field(default_factory=dict)
     router_us_per_token: float | None = None
     streams_us_per_token: float | None = None
@@ -372,6 +377,8 @@ async def deliver(
     d.viewers, d.established, d.connect_failures = len(ledgers), len(viewers), dict(failures)
     await asyncio.sleep(SETTLE_S)
     step("write", f"{len(job_ids):,} answers at {rate} tokens/s each for {args.seconds:g} s")
+    lags: list[float] = []
+    lag_probe = asyncio.create_task(measure_loop_lag(lags))
     before = CpuMark.take(s)
     with ProducerProcess(
         write_answers,
@@ -390,6 +397,11 @@ async def deliver(
         async with asyncio.timeout(args.wait_after):
             await asyncio.gather(*(ledger.complete.wait() for ledger in ledgers))
     after = CpuMark.take(s)
+    lag_probe.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await lag_probe
+    ordered_lags = sorted(lags)
+    d.loop_lag_p99_ms, d.loop_lag_max_ms = (percentile(ordered_lags, p) for p in (99, 100))
     if all(ledger.complete.is_set() for ledger in ledgers):
         d.delivered_within_s = round(after.at - written_at, 2)
     # The terminal events follow the last tokens: a short wait for them, not measured.
@@ -399,8 +411,34 @@ async def deliver(
     for viewer in viewers:
         viewer.close()
     tally_delivery(d, ledgers, written, lambda i: written.tokens_of(answer_of[i]), tally)
+    if len(ledgers) > len(job_ids):
+        d.first_viewer_p50_ms, d.first_viewer_p99_ms = first_viewer_latency(ledgers, answer_of)
     fill_cpu(d, before.until(after), sum(ledger.frames for ledger in ledgers))
     return d
+
+
+async def measure_loop_lag(lags: list[float]) -> None:
+    """How late this process's loop wakes for a timer: how long a frame may wait in it
+    before its viewer reads it (and its latency is taken)."""
+    while True:
+        due = time.monotonic() + LAG_PROBE_S
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(1000 * max(0.0, time.monotonic() - due))
+
+
+def first_viewer_latency(
+    ledgers: Sequence[AnswerLedger], answer_of: Sequence[int]
+) -> tuple[float | None, float | None]:
+    """p50 and p99 over tokens of the latency of the first viewer to get each: the path up to
+    the gateway's first write, without the spread over the viewers."""
+    first: dict[tuple[int, int], float] = {}
+    for ledger, answer in zip(ledgers, answer_of, strict=True):
+        for token, latency in ledger.latency_of.items():
+            key = (answer, token)
+            if latency < first.get(key, math.inf):
+                first[key] = latency
+    ordered = sorted(first.values())
+    return percentile(ordered, 50), percentile(ordered, 99)
 
 
 def throughput(args: argparse.Namespace) -> Delivery:
@@ -710,6 +748,10 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
         ],
         ["all delivered within (s of the last write)", num(d.delivered_within_s, "{:.2f}")],
         ["latency p50 / p99 / max (ms)", f"{num(d.p50_ms)} / {num(d.p99_ms)} / {num(d.max_ms)}"],
+        [
+            "first viewer of each token: latency p50 / p99 (ms)",
+            f"{num(d.first_viewer_p50_ms)} / {num(d.first_viewer_p99_ms)}",
+        ],
         ["streams ended with done", f"{d.streams_ended_done:,} / {d.viewers:,}"],
         [
             "text_check on the end matches the text",
@@ -742,6 +784,10 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
             f"{num(d.cpu_percent.get('gateway'), '{:.0f}')} %, {num(d.gateway_us_per_frame)}",
         ],
         ["this bench's viewers: % of a core", f"{num(d.cpu_percent.get('bench'), '{:.0f}')} %"],
+        [
+            "this bench's loop lag p99 / max (ms)",
+            f"{num(d.loop_lag_p99_ms)} / {num(d.loop_lag_max_ms)}",
+        ],
         ["this bench's writer: % of a core", f"{d.writer_cpu_percent:.0f} %"],
     ]
 

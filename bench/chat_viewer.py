@@ -139,6 +139,7 @@ class AnswerLedger:
         self.text_check: dict[str, Any] | None = None
         self.errors: Counter[str] = Counter()
         self.latencies_ms: list[float] = []
+        self.latency_of: dict[int, float] = {}
         self._seen_ids: set[int] = set()
         self._text: list[str] = []
         self.expected: int | None = None
@@ -229,7 +230,9 @@ class AnswerLedger:
         self._held += 1
         self._text.append(frame.data["content"] if frame.data else "")
         if frame.sent_ms is not None:
-            self.latencies_ms.append(received_ms - frame.sent_ms)
+            latency = received_ms - frame.sent_ms
+            self.latencies_ms.append(latency)
+            self.latency_of[n] = latency
 
     def _check_complete(self) -> None:
         if self.expected is not None and self.held() >= self.expected:
