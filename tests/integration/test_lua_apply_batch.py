@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import pytest
@@ -10,59 +11,100 @@ from redis.asyncio import Redis
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
-from eco_router.application.messages import EncodedEvent, ReadStart
+from eco_router.application.messages import Applied, EncodedEvent, ReadStart
+from eco_router.domain.text import stamp, stamped
 from eco_router.domain.verdict import (
     DUPLICATE,
     NEW_APPLY,
     NEW_IN_PLACE_OF_GONE,
     NEW_REPUBLISH,
+    NEW_RESTART,
     STALE,
+    TEXT_FILLED,
+    TEXT_FULL,
     Judgement,
+    Verdict,
 )
 from eco_router.entrypoints.settings import Settings
 from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
-# The script renews the history's and the markers' TTLs at most this often (a tenth of the
-# state TTL, at most a minute), and keeps them that much longer.
+# The script renews the TTLs of a job's history, text and markers at most this often (a tenth
+# of the state TTL, at most a minute), and keeps them that much longer.
 RENEW_EVERY_S = 10
 HISTORY_SIZE = 3
 HISTORY_MAX_BYTES = 1 << 20
+TEXT_MAX_BYTES = 1 << 20
+# The text cap of the `small_text` store.
+SMALL_TEXT = 10
 JOB = JobKeys.of("scan", "job-1")
+CHAT_JOB = JobKeys.of("chat", "job-1")
 MAX_SEQ = 2**53 - 1
 
 
 SHARD = "scan:events:0"
+CHAT_SHARD = "chat:events:0"
 GROUP = "router"
 EPOCH = GroupKeys(GROUP).epoch(SHARD)
+CHAT_EPOCH = GroupKeys(GROUP).epoch(CHAT_SHARD)
+# What the script returns per event: one code character each, the fenced and the gap shards'
+# indices, and per event the fields put first in its published JSON.
+ScriptReply = tuple[bytes, list[int], list[int], list[bytes]]
+ScriptEvent = tuple[int, int, str, str, bytes | str, int | str, str]
+
+
+async def make_store(
+    redis: Redis,
+    *,
+    state_ttl_s: int = STATE_TTL_S,
+    markers_ttl_s: int = MARKERS_TTL_S,
+    history_size: int = HISTORY_SIZE,
+    history_max_bytes: int = HISTORY_MAX_BYTES,
+    text_max_bytes: int = TEXT_MAX_BYTES,
+) -> RedisLuaStateStore:
+    """A store holding both shards with token 1."""
+    await redis.set(EPOCH, 1)
+    await redis.set(CHAT_EPOCH, 1)
+    return RedisLuaStateStore(
+        redis,
+        families=FAMILIES,
+        group=GROUP,
+        state_ttl_s=state_ttl_s,
+        markers_ttl_s=markers_ttl_s,
+        history_size=history_size,
+        history_max_bytes=history_max_bytes,
+        text_max_bytes=text_max_bytes,
+    )
 
 
 @pytest.fixture
 async def store(streams_redis: Redis) -> RedisLuaStateStore:
-    await streams_redis.set(EPOCH, 1)
-    return RedisLuaStateStore(
-        streams_redis,
-        families=FAMILIES,
-        group=GROUP,
-        state_ttl_s=STATE_TTL_S,
-        markers_ttl_s=MARKERS_TTL_S,
-        history_size=HISTORY_SIZE,
-    )
+    return await make_store(streams_redis)
+
+
+@pytest.fixture
+async def small_text(streams_redis: Redis) -> RedisLuaStateStore:
+    """A store whose texts hold `SMALL_TEXT` bytes."""
+    return await make_store(streams_redis, text_max_bytes=SMALL_TEXT)
+
+
+async def apply_stamped(store: RedisLuaStateStore, events: Sequence[EncodedEvent]) -> Applied:
+    """Apply as the holder of both shards (fencing token 1)."""
+    applied = await store.apply(events, {SHARD: 1, CHAT_SHARD: 1})
+    assert applied.fenced == frozenset()
+    return applied
 
 
 async def apply(
     store: RedisLuaStateStore, events: Sequence[EncodedEvent]
 ) -> list[Judgement | None]:
-    """Apply as the holder of the shard (fencing token 1)."""
-    applied = await store.apply(events, {SHARD: 1})
-    assert applied.fenced == frozenset()
-    return applied.judgements
+    return (await apply_stamped(store, events)).judgements
 
 
-async def markers_renewed_now(redis: Redis) -> dict[bytes, bytes]:
+async def markers_renewed_now(redis: Redis, job: JobKeys = JOB) -> dict[bytes, bytes]:
     """The job's markers but "renewed", which must be the server's time (within a second)."""
-    markers = await redis.hgetall(JOB.markers)
+    markers = await redis.hgetall(job.markers)
     now_s, _ = await redis.time()
     assert now_s - 1 <= int(markers.pop(b"renewed")) <= now_s
     return dict(markers)
@@ -82,72 +124,186 @@ def raw(payload: bytes, **overrides: object) -> EncodedEvent:
     return EncodedEvent(encoded(**overrides).event, payload)
 
 
+def kept(item: EncodedEvent, prev: int | None = None) -> bytes:
+    """`item`'s payload as stored for a job of stage events only (its event id is its seq),
+    after the job's event `prev`."""
+    return stamped(item.payload, stamp(item.event.seq, prev))
+
+
+def kept_in_turn(items: Sequence[EncodedEvent], prev: int | None = None) -> list[bytes]:
+    """`kept` for events applied one after the other, the first after `prev`."""
+    seqs = [prev, *(item.event.seq for item in items)]
+    return [kept(item, before) for item, before in zip(items, seqs, strict=False)]
+
+
+def token(
+    seq: int, content: str, *, attempt: int = 0, node: str | None = None, n: int | None = None
+) -> EncodedEvent:
+    """Token `seq` of chat job-1, from entry `entry_id(n)` (`n` defaults to `seq`)."""
+    extra = {"content": content} | ({"node": node} if node is not None else {})
+    return encoded(
+        domain="chat",
+        stream=CHAT_SHARD,
+        stream_id=entry_id(seq if n is None else n),
+        stage="token",
+        seq=seq,
+        attempt=attempt,
+        extra=extra,
+    )
+
+
+def chat(seq: int, **overrides: object) -> EncodedEvent:
+    """Stage event `seq` of chat job-1, from entry `entry_id(seq)` unless overridden."""
+    fields: dict[str, object] = {"stream_id": entry_id(seq)} | overrides
+    return encoded(domain="chat", stream=CHAT_SHARD, seq=seq, **fields)
+
+
+def sha1(text: bytes) -> str:
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()
+
+
+def stage_args(
+    job: int, seq: int, n: int, payload: bytes, *, terminal: bool = False
+) -> ScriptEvent:
+    """The script's seven values for stage event `seq` of its `job`-th job, entry `entry_id(n)`."""
+    return (job, seq, entry_id(n), "e" if terminal else "s", payload, "", "")
+
+
+def token_args(
+    job: int, seq: int, n: int, content: str, *, attempt: int = 0, node: str = ""
+) -> ScriptEvent:
+    """The script's seven values for token `seq` of its `job`-th job, entry `entry_id(n)`."""
+    return (job, seq, entry_id(n), "t", content, attempt, node)
+
+
+async def call_script(
+    redis: Redis,
+    events: Sequence[ScriptEvent],
+    *,
+    shards: Sequence[tuple[str, int]] = ((SHARD, 1),),
+    jobs: Sequence[tuple[JobKeys, int]] = ((JOB, 1),),
+    text_max_bytes: int = TEXT_MAX_BYTES,
+) -> ScriptReply:
+    """One call of the script as the holder of `shards` (stream, token), with no read to
+    check; `jobs` are each job's keys and the 1-based index of its shard."""
+    script = redis.register_script(load_lua("apply_batch.lua"))
+    keys = [GroupKeys(GROUP).epoch(stream) for stream, _ in shards]
+    keys += [stream for stream, _ in shards]
+    args: list[bytes | str | int] = [
+        STATE_TTL_S,
+        MARKERS_TTL_S,
+        HISTORY_SIZE,
+        HISTORY_MAX_BYTES,
+        GROUP,
+    ]
+    args += [text_max_bytes, len(shards)]
+    for _, held_with in shards:
+        args += [held_with, "", ""]  # the token, and no read to check
+    args += [""] * len(shards)  # nor a first entry per read
+    for job, shard in jobs:
+        keys += [job.state, job.history, job.markers, job.tokens, job.text]
+        args.append(shard)
+    for event in events:
+        args += event
+    codes, fenced, gaps, stamps = await script(keys=keys, args=args)
+    return codes, fenced, gaps, stamps
+
+
 class TestBranches:
     """The one-character codes the script returns and what the adapter makes of them."""
 
     async def test_code_4_and_the_shard_index_when_the_token_moved_on(
         self, streams_redis: Redis
     ) -> None:
-        script = streams_redis.register_script(load_lua("apply_batch.lua"))
         other = JobKeys.of("chat", "job-2")
-        chat_epoch = GroupKeys(GROUP).epoch("chat:events:0")
         await streams_redis.set(EPOCH, 2)
-        await streams_redis.set(chat_epoch, 1)
-        keys = [EPOCH, chat_epoch, SHARD, "chat:events:0", JOB.state, JOB.history, JOB.markers]
-        keys += [other.state, other.history, other.markers]
-        # Two shards held with token 1 (the first one's epoch moved on), no read to check,
-        # job 1 on shard 1, job 2 on shard 2.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, GROUP, 2]
-        head += [1, "", "", 1, "", "", "", "", 1, 2]
-        events = [(1, 5, entry_id(1), b"fenced"), (2, 1, entry_id(2), b"applied")]
+        await streams_redis.set(CHAT_EPOCH, 1)
 
-        codes, fenced, gaps = await script(
-            keys=keys, args=head + [v for event in events for v in event]
+        # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
+        # job 2 on shard 2.
+        reply = await call_script(
+            streams_redis,
+            [stage_args(1, 5, 1, b'{"p":"fenced"}'), stage_args(2, 1, 2, b'{"p":"applied"}')],
+            shards=[(SHARD, 1), (CHAT_SHARD, 1)],
+            jobs=[(JOB, 1), (other, 2)],
         )
 
-        assert (codes, fenced, gaps) == (b"40", [1], [])
+        assert reply == (b"40", [1], [], [b"", b'"event_id":1,'])
         assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
-        assert await streams_redis.get(other.state) == b"applied"
+        assert await streams_redis.get(other.state) == b'{"event_id":1,"p":"applied"}'
 
     async def test_the_script_returns_one_code_per_event_for_all_four_branches(
         self, streams_redis: Redis
     ) -> None:
-        script = streams_redis.register_script(load_lua("apply_batch.lua"))
         await streams_redis.set(EPOCH, 1)
         await hold(streams_redis, 1)
-        keys = [EPOCH, SHARD, JOB.state, JOB.history, JOB.markers]
-        # TTLs, history size and bytes, the group, one shard with token 1 and no read to
-        # check, the job on shard 1.
-        head = [STATE_TTL_S, MARKERS_TTL_S, HISTORY_SIZE, HISTORY_MAX_BYTES, GROUP, 1]
-        head += [1, "", "", "", 1]
-        events = [
-            (1, 5, entry_id(1), b"applied"),
-            (1, 5, entry_id(1), b"same entry again"),
-            (1, 5, entry_id(2), b"other entry, same seq"),
-            (1, 4, entry_id(3), b"lower seq"),
-        ]
 
-        codes, fenced, gaps = await script(
-            keys=keys, args=head + [v for event in events for v in event]
+        reply = await call_script(
+            streams_redis,
+            [
+                stage_args(1, 5, 1, b'{"p":"applied"}'),
+                stage_args(1, 5, 1, b'{"p":"same entry again"}'),
+                stage_args(1, 5, 2, b'{"p":"other entry, same seq"}'),
+                stage_args(1, 4, 3, b'{"p":"lower seq"}'),
+            ],
         )
 
-        assert (codes, fenced, gaps) == (b"0123", [], [])
-        assert await streams_redis.get(JOB.state) == b"applied"
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"applied"]
+        # The entry again gets the stamp it got in the same call.
+        assert reply == (b"0123", [], [], [b'"event_id":5,', b'"event_id":5,', b"", b""])
+        assert await streams_redis.get(JOB.state) == b'{"event_id":5,"p":"applied"}'
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b'{"event_id":5,"p":"applied"}']
+
+    async def test_the_script_returns_one_code_per_token_for_every_token_branch(
+        self, streams_redis: Redis
+    ) -> None:
+        await streams_redis.set(CHAT_EPOCH, 1)
+
+        reply = await call_script(
+            streams_redis,
+            [
+                token_args(1, 1001, 1, "abc"),
+                token_args(1, 1001, 2, "abc"),  # seen
+                token_args(1, 1002, 3, "de", attempt=1),  # a newer attempt: the text restarts
+                token_args(1, 1003, 4, "x"),  # the older attempt, late
+                token_args(1, 1003, 5, "fghijklmno", attempt=1),  # 2 + 10 bytes: over 10
+                token_args(1, 1004, 6, "p", attempt=1),  # would fit, but the text is full
+                token_args(1, 1001, 7, "q" * 11, attempt=2),  # restarts and does not fit
+            ],
+            shards=[(CHAT_SHARD, 1)],
+            jobs=[(CHAT_JOB, 1)],
+            text_max_bytes=SMALL_TEXT,
+        )
+
+        assert reply == (
+            b"0263879",
+            [],
+            [],
+            [
+                b'"event_id":1001,',
+                b"",
+                b'"event_id":1002,"prev_event_id":1001,"restart":true,',
+                b"",
+                b"",
+                b"",
+                b"",
+            ],
+        )
 
     async def test_code_0_applies_state_history_and_markers(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         event = encoded(seq=7, stream_id=entry_id(7))
 
-        assert await apply(store, [event]) == [NEW_APPLY]
+        applied = await apply_stamped(store, [event])
 
-        assert await streams_redis.get(JOB.state) == event.payload
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [event.payload]
+        assert (applied.judgements, applied.stamps) == ([NEW_APPLY], [b'"event_id":7,'])
+        assert await streams_redis.get(JOB.state) == kept(event)
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [kept(event)]
         assert await markers_renewed_now(streams_redis) == {
-            b"7": entry_id(7).encode(),
+            b"7": entry_id(7).encode() + b' "event_id":7,',
             b"last": b"7",
-            b"history_bytes": str(len(event.payload)).encode(),
+            b"last_id": b"7",
+            b"history_bytes": str(len(kept(event))).encode(),
         }
 
     async def test_code_1_republishes_without_writing(
@@ -161,6 +317,22 @@ class TestBranches:
 
         assert await _snapshot(streams_redis) == before
 
+    async def test_code_1_gives_the_stamp_of_the_first_time_text_check_included(
+        self, store: RedisLuaStateStore
+    ) -> None:
+        done = chat(2, stage="done", status="done")
+        first = await apply_stamped(store, [token(1001, "Hi"), done])
+        await apply(store, [token(1002, " there")])
+
+        again = await apply_stamped(store, [done])
+
+        assert again.judgements == [NEW_REPUBLISH]
+        assert again.stamps == [first.stamps[1]]
+        assert first.stamps[1] == (
+            b'"event_id":1002,"prev_event_id":1001,'
+            b'"text_check":{"bytes":2,"sha1":"%s","truncated":false},' % sha1(b"Hi").encode()
+        )
+
     async def test_code_2_is_a_duplicate_and_writes_nothing(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
@@ -168,9 +340,9 @@ class TestBranches:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         before = await _snapshot(streams_redis)
 
-        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(2), stage="copy")])
+        applied = await apply_stamped(store, [encoded(seq=1, stream_id=entry_id(2), stage="copy")])
 
-        assert judgements == [DUPLICATE]
+        assert (applied.judgements, applied.stamps) == ([DUPLICATE], [None])
         assert await _snapshot(streams_redis) == before
 
     @pytest.mark.parametrize("removal", ["XDEL", "XTRIM"])
@@ -200,12 +372,18 @@ class TestBranches:
         await hold(streams_redis, 4)
         before = await streams_redis.hgetall(JOB.markers)
 
-        judgements = await apply(store, [encoded(seq=1, stream_id=entry_id(4), stage="copy")])
+        in_place = await apply_stamped(store, [encoded(seq=1, stream_id=entry_id(4), stage="copy")])
 
-        assert judgements == [NEW_IN_PLACE_OF_GONE]
-        assert await streams_redis.hgetall(JOB.markers) == before | {b"1": entry_id(4).encode()}
-        assert await streams_redis.get(JOB.state) == applied.payload
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [applied.payload]
+        # It is published as the lost one would have been, with its stamp.
+        assert (in_place.judgements, in_place.stamps) == (
+            [NEW_IN_PLACE_OF_GONE],
+            [b'"event_id":1,'],
+        )
+        assert await streams_redis.hgetall(JOB.markers) == before | {
+            b"1": entry_id(4).encode() + b' "event_id":1,'
+        }
+        assert await streams_redis.get(JOB.state) == kept(applied)
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [kept(applied)]
         assert await apply(store, [encoded(seq=1, stream_id=entry_id(5))]) == [DUPLICATE]
 
     async def test_code_3_is_stale_and_writes_nothing(
@@ -214,9 +392,9 @@ class TestBranches:
         await apply(store, [encoded(seq=5, stream_id=entry_id(5))])
         before = await _snapshot(streams_redis)
 
-        judgements = await apply(store, [encoded(seq=3, stream_id=entry_id(3), stage="late")])
+        applied = await apply_stamped(store, [encoded(seq=3, stream_id=entry_id(3), stage="late")])
 
-        assert judgements == [STALE]
+        assert (applied.judgements, applied.stamps) == ([STALE], [None])
         assert await _snapshot(streams_redis) == before
 
     async def test_code_3_also_covers_a_seq_equal_to_the_last_one_without_its_marker(
@@ -230,7 +408,7 @@ class TestBranches:
         judgements = await apply(store, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
 
         assert judgements == [STALE]
-        assert await streams_redis.get(JOB.state) == applied.payload
+        assert await streams_redis.get(JOB.state) == kept(applied)
 
     async def test_the_largest_allowed_seq_is_compared_and_stored_exactly(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -238,14 +416,312 @@ class TestBranches:
         below = encoded(seq=MAX_SEQ - 1, stream_id=entry_id(1))
         top = encoded(seq=MAX_SEQ, stream_id=entry_id(2))
 
-        judgements = await apply(
+        applied = await apply_stamped(
             store, [below, top, encoded(seq=MAX_SEQ - 2, stream_id=entry_id(3))]
         )
 
-        assert judgements == [NEW_APPLY, NEW_APPLY, STALE]
-        assert await streams_redis.hget(JOB.markers, "last") == str(MAX_SEQ).encode()
+        assert applied.judgements == [NEW_APPLY, NEW_APPLY, STALE]
+        assert applied.stamps[1] == b'"event_id":%d,"prev_event_id":%d,' % (MAX_SEQ, MAX_SEQ - 1)
+        assert (
+            await streams_redis.hmget(JOB.markers, "last", "last_id") == [str(MAX_SEQ).encode()] * 2
+        )
         await hold(streams_redis, 2)
         assert await apply(store, [encoded(seq=MAX_SEQ, stream_id=entry_id(4))]) == [DUPLICATE]
+
+
+class TestOldMarkers:
+    """Markers written before event ids: a seq's bare entry id, no "last_id"."""
+
+    @pytest.fixture(autouse=True)
+    async def _old_markers(self, streams_redis: Redis) -> None:
+        await streams_redis.hset(
+            JOB.markers, mapping={"5": entry_id(5), "last": "5", "history_bytes": "0"}
+        )
+
+    async def test_the_entry_that_applied_a_seq_republishes_with_its_seq_as_event_id(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        applied = await apply_stamped(store, [encoded(seq=5, stream_id=entry_id(5))])
+
+        assert (applied.judgements, applied.stamps) == ([NEW_REPUBLISH], [b'"event_id":5,'])
+        assert await streams_redis.hget(JOB.markers, "5") == entry_id(5).encode()
+
+    async def test_another_entry_is_a_duplicate_while_the_stream_holds_the_old_one(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await hold(streams_redis, 5)
+
+        assert await apply(store, [encoded(seq=5, stream_id=entry_id(6))]) == [DUPLICATE]
+
+    async def test_an_entry_in_place_of_a_gone_one_rewrites_the_marker_with_its_stamp(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await hold(streams_redis, 4, 6)  # entry_id(5) was never held
+
+        applied = await apply_stamped(store, [encoded(seq=5, stream_id=entry_id(6))])
+
+        assert (applied.judgements, applied.stamps) == ([NEW_IN_PLACE_OF_GONE], [b'"event_id":5,'])
+        assert await streams_redis.hget(JOB.markers, "5") == entry_id(6).encode() + (
+            b' "event_id":5,'
+        )
+
+    async def test_the_next_seq_follows_the_last_one_as_its_event_id(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        event = encoded(seq=6, stream_id=entry_id(6))
+
+        applied = await apply_stamped(store, [event])
+
+        assert (applied.judgements, applied.stamps) == (
+            [NEW_APPLY],
+            [b'"event_id":6,"prev_event_id":5,'],
+        )
+        assert await streams_redis.hmget(JOB.markers, "6", "last", "last_id") == [
+            entry_id(6).encode() + b' "event_id":6,"prev_event_id":5,',
+            b"6",
+            b"6",
+        ]
+
+
+class TestTokens:
+    """Codes 6 to 9, token duplicates and stale tokens: the job's text and its hash."""
+
+    async def test_code_0_appends_a_token_and_records_it(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        applied = await apply_stamped(store, [token(1001, "Hé", node="plan")])
+        await apply(store, [token(1002, "llo", node="plan")])
+
+        assert (applied.judgements, applied.stamps) == ([NEW_APPLY], [b'"event_id":1001,'])
+        assert await streams_redis.get(CHAT_JOB.text) == "Héllo".encode()
+        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+            b"attempt": b"0",
+            b"seq": b"1002",
+            b"id": b"1002",
+            b"entry": entry_id(1002).encode(),
+            b"bytes": b"6",
+            b"full": b"0",
+            b"node": b"plan",
+            b"run_at": b"0",
+            b"runs": b"",
+        }
+        # Tokens write no state or history: those are the stage events'.
+        assert await streams_redis.exists(CHAT_JOB.state, CHAT_JOB.history) == 0
+        assert await markers_renewed_now(streams_redis, CHAT_JOB) == {b"last_id": b"1002"}
+
+    async def test_each_nodes_run_is_closed_when_another_node_writes(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "ab", node="plan"), token(1002, "c", node="act")])
+        await apply(store, [token(1003, "de", node="plan"), token(1004, "!")])
+
+        assert await streams_redis.get(CHAT_JOB.text) == b"abcde!"
+        assert await streams_redis.hmget(CHAT_JOB.tokens, "runs", "node", "run_at") == [
+            b"plan\t0\t2\nact\t2\t3\nplan\t3\t5\n",
+            b"",  # the last token names no node: its bytes are no node's
+            b"5",
+        ]
+        text = await store.text("chat", "job-1")
+        assert text is not None
+        assert text.by_node() == {"plan": "abde", "act": "c"}
+
+    async def test_code_2_a_token_at_or_below_the_last_seq_is_not_appended(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "a"), token(1002, "b")])
+        before = await _snapshot(streams_redis, CHAT_JOB)
+
+        applied = await apply_stamped(store, [token(1002, "b"), token(1001, "a", n=9)])
+
+        assert (applied.judgements, applied.stamps) == ([DUPLICATE] * 2, [None] * 2)
+        assert await _snapshot(streams_redis, CHAT_JOB) == before
+
+    async def test_code_3_a_token_of_an_older_attempt_is_stale(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "new", attempt=2)])
+        before = await _snapshot(streams_redis, CHAT_JOB)
+
+        applied = await apply_stamped(store, [token(1002, "old", attempt=1)])
+
+        assert (applied.judgements, applied.stamps) == ([STALE], [None])
+        assert await _snapshot(streams_redis, CHAT_JOB) == before
+
+    async def test_code_6_a_newer_attempt_restarts_the_text_and_its_runs(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "old ", node="a"), token(1002, "text", node="b")])
+
+        applied = await apply_stamped(
+            store,
+            [token(1001, "new", attempt=1, node="c", n=11), token(1002, "!", attempt=1, n=12)],
+        )
+
+        assert applied.judgements == [NEW_RESTART, NEW_APPLY]
+        # Its ids go on after the old attempt's: the job has one sequence of event ids.
+        assert applied.stamps == [
+            b'"event_id":1003,"prev_event_id":1002,"restart":true,',
+            b'"event_id":1004,"prev_event_id":1003,',
+        ]
+        assert await streams_redis.get(CHAT_JOB.text) == b"new!"
+        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+            b"attempt": b"1",
+            b"seq": b"1002",
+            b"id": b"1004",
+            b"entry": entry_id(12).encode(),
+            b"bytes": b"4",
+            b"full": b"0",
+            b"node": b"",
+            b"run_at": b"3",
+            b"runs": b"c\t0\t3\n",
+        }
+
+    async def test_code_8_the_token_that_does_not_fit_fills_the_text_and_7_follows(
+        self, small_text: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(small_text, [token(1001, "12345"), token(1002, "6789")])
+
+        applied = await apply_stamped(small_text, [token(1003, "ab"), token(1004, "c")])
+
+        assert (applied.judgements, applied.stamps) == ([TEXT_FILLED, TEXT_FULL], [None, None])
+        assert await streams_redis.get(CHAT_JOB.text) == b"123456789"
+        assert await streams_redis.hmget(CHAT_JOB.tokens, "seq", "id", "bytes", "full") == [
+            b"1002",
+            b"1002",
+            b"9",
+            b"1",
+        ]
+        assert await apply(small_text, [token(1005, "d")]) == [TEXT_FULL]
+
+    async def test_code_9_a_newer_attempt_whose_first_token_does_not_fit_empties_the_text(
+        self, small_text: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(small_text, [token(1001, "old")])
+
+        judgements = await apply(small_text, [token(1001, "x" * 11, attempt=1, n=9)])
+
+        assert judgements == [Judgement(Verdict.TEXT_FULL, restarts=True, fills=True)]
+        assert await streams_redis.get(CHAT_JOB.text) == b""
+        # No token of the new attempt was written: there is no last token to name.
+        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+            b"attempt": b"1",
+            b"seq": b"-1",
+            b"bytes": b"0",
+            b"full": b"1",
+            b"node": b"",
+            b"run_at": b"0",
+            b"runs": b"",
+        }
+        assert await small_text.text("chat", "job-1") is None
+        assert await apply(small_text, [token(1002, "y", attempt=1)]) == [TEXT_FULL]
+
+    async def test_a_full_text_restarts_with_a_newer_attempt(
+        self, small_text: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(small_text, [token(1001, "x" * 11)])
+
+        assert await apply(small_text, [token(1001, "fits", attempt=1, n=2)]) == [NEW_RESTART]
+        assert await streams_redis.get(CHAT_JOB.text) == b"fits"
+        assert await streams_redis.hget(CHAT_JOB.tokens, "full") == b"0"
+
+
+class TestEventIds:
+    """One sequence of event ids per job, and the stamps the script puts on what it routes."""
+
+    async def test_a_job_of_stage_events_only_keeps_its_seqs_as_ids(
+        self, store: RedisLuaStateStore
+    ) -> None:
+        events = [encoded(seq=n, stream_id=entry_id(n)) for n in (2, 3, 7)]
+
+        first = await apply_stamped(store, events[:2])
+        then = await apply_stamped(store, events[2:])
+
+        assert first.stamps + then.stamps == [
+            b'"event_id":2,',
+            b'"event_id":3,"prev_event_id":2,',
+            b'"event_id":7,"prev_event_id":3,',
+        ]
+
+    async def test_stage_events_after_tokens_numbered_higher_get_the_last_id_plus_one(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        started = chat(1, stage="started")
+        thinking = chat(2, stage="thinking")
+        await apply(store, [started, token(1001, "a"), token(1002, "b")])
+
+        applied = await apply_stamped(store, [thinking, token(1003, "c"), chat(3, stage="saved")])
+
+        assert applied.stamps == [
+            b'"event_id":1003,"prev_event_id":1002,',
+            b'"event_id":1004,"prev_event_id":1003,',
+            b'"event_id":1005,"prev_event_id":1004,',
+        ]
+        assert await streams_redis.hmget(CHAT_JOB.markers, "last", "last_id") == [b"3", b"1005"]
+        assert await streams_redis.lrange(CHAT_JOB.history, 0, 1) == [
+            stamped(started.payload, b'"event_id":1,'),
+            stamped(thinking.payload, b'"event_id":1003,"prev_event_id":1002,'),
+        ]
+
+    async def test_a_terminal_event_carries_the_check_of_the_jobs_text(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        text = "Bonjour, ça va ? ✓"
+        done = chat(2, stage="done", status="done")
+        await apply(store, [token(1001, text[:9]), token(1002, text[9:])])
+
+        applied = await apply_stamped(store, [token(1003, "!"), done])
+
+        whole = (text + "!").encode()
+        fields = b'"event_id":1004,"prev_event_id":1003,"text_check":{"bytes":%d,"sha1":"%s",' % (
+            len(whole),
+            sha1(whole).encode(),
+        )
+        assert applied.stamps[1] == fields + b'"truncated":false},'
+        assert await streams_redis.get(CHAT_JOB.state) == stamped(done.payload, applied.stamps[1])
+
+    async def test_only_an_event_passed_as_terminal_carries_the_check(
+        self, streams_redis: Redis
+    ) -> None:
+        await streams_redis.set(CHAT_EPOCH, 1)
+
+        _, _, _, stamps = await call_script(
+            streams_redis,
+            [
+                token_args(1, 1001, 1, "Hi"),
+                stage_args(1, 2, 2, b'{"p":"saved"}'),
+                stage_args(1, 3, 3, b'{"p":"done"}', terminal=True),
+            ],
+            shards=[(CHAT_SHARD, 1)],
+            jobs=[(CHAT_JOB, 1)],
+        )
+
+        assert stamps == [
+            b'"event_id":1001,',
+            b'"event_id":1002,"prev_event_id":1001,',
+            b'"event_id":1003,"prev_event_id":1002,'
+            b'"text_check":{"bytes":2,"sha1":"%s","truncated":false},' % sha1(b"Hi").encode(),
+        ]
+
+    async def test_the_check_of_a_full_text_says_truncated(
+        self, small_text: RedisLuaStateStore
+    ) -> None:
+        done = chat(2, stage="failed", status="failed")
+
+        applied = await apply_stamped(
+            small_text, [token(1001, "12345678"), token(1002, "too long"), done]
+        )
+
+        assert applied.stamps[2] == (
+            b'"event_id":1002,"prev_event_id":1001,'
+            b'"text_check":{"bytes":8,"sha1":"%s","truncated":true},' % sha1(b"12345678").encode()
+        )
+
+    async def test_a_terminal_event_of_a_job_without_a_text_has_no_check(
+        self, store: RedisLuaStateStore
+    ) -> None:
+        applied = await apply_stamped(store, [chat(1), chat(2, stage="done", status="done")])
+
+        assert applied.stamps == [b'"event_id":1,', b'"event_id":2,"prev_event_id":1,']
 
 
 class TestReadOrder:
@@ -325,6 +801,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+async def _expire_all(redis: Redis, seconds: int, *keys: str) -> None:
+    for key in keys:
+        await redis.expire(key, seconds)
+
+
 class TestKeys:
     """TTLs, history and payload bytes as written by the script."""
 
@@ -337,6 +818,16 @@ class TestKeys:
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
         assert MARKERS_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
+    async def test_the_text_and_its_hash_get_the_historys_ttl(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "a")])
+
+        for key in (CHAT_JOB.tokens, CHAT_JOB.text):
+            assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
+        ttl = await streams_redis.ttl(CHAT_JOB.markers)
+        assert MARKERS_TTL_S < ttl <= MARKERS_TTL_S + RENEW_EVERY_S
+
     @pytest.mark.parametrize("renewed_ago_s", [RENEW_EVERY_S, -1000], ids=["due", "clock-back"])
     async def test_a_new_event_renews_the_ttls_once_the_last_renewal_is_due(
         self, store: RedisLuaStateStore, streams_redis: Redis, renewed_ago_s: int
@@ -344,8 +835,7 @@ class TestKeys:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         now_s, _ = await streams_redis.time()
         await streams_redis.hset(JOB.markers, "renewed", now_s - renewed_ago_s)
-        for key in (JOB.state, JOB.history, JOB.markers):
-            await streams_redis.expire(key, 5)
+        await _expire_all(streams_redis, 5, JOB.state, JOB.history, JOB.markers)
 
         await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
@@ -354,18 +844,59 @@ class TestKeys:
         assert MARKERS_TTL_S < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
         assert int(await streams_redis.hget(JOB.markers, "renewed") or 0) >= now_s
 
+    @pytest.mark.parametrize("due_with", ["token", "stage event"])
+    async def test_whichever_event_comes_due_renews_all_the_jobs_keys(
+        self, store: RedisLuaStateStore, streams_redis: Redis, due_with: str
+    ) -> None:
+        # Tokens and stage events share one renewal: the one that takes it renews the keys
+        # of the other kind too, or those would expire while the job goes on.
+        await apply(store, [chat(1), token(1001, "a")])
+        now_s, _ = await streams_redis.time()
+        await streams_redis.hset(CHAT_JOB.markers, "renewed", now_s - RENEW_EVERY_S)
+        keys = (CHAT_JOB.history, CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers)
+        await _expire_all(streams_redis, 5, *keys)
+
+        await apply(store, [token(1002, "b") if due_with == "token" else chat(2)])
+
+        for key in keys[:3]:
+            assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
+        ttl = await streams_redis.ttl(CHAT_JOB.markers)
+        assert MARKERS_TTL_S < ttl <= MARKERS_TTL_S + RENEW_EVERY_S
+
     async def test_within_a_renewal_window_only_the_state_ttl_is_set(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
-        for key in (JOB.state, JOB.history, JOB.markers):
-            await streams_redis.expire(key, 50)
+        await _expire_all(streams_redis, 50, JOB.state, JOB.history, JOB.markers)
 
         await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert 50 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
         assert 0 < await streams_redis.ttl(JOB.history) <= 50
         assert 0 < await streams_redis.ttl(JOB.markers) <= 50
+
+    async def test_within_a_renewal_window_a_token_sets_no_ttl(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "a")])
+        await _expire_all(streams_redis, 50, CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers)
+
+        await apply(store, [token(1002, "b")])
+
+        for key in (CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers):
+            assert 0 < await streams_redis.ttl(key) <= 50
+
+    async def test_a_restarted_text_keeps_the_ttl_of_its_hash(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        # The text and its hash expire together: a hash left without its text would count
+        # bytes the text no longer has.
+        await apply(store, [token(1001, "a")])
+
+        await apply(store, [token(1001, "b", attempt=1, n=2)])
+
+        ttls = [await streams_redis.ttl(key) for key in (CHAT_JOB.tokens, CHAT_JOB.text)]
+        assert all(STATE_TTL_S < ttl <= STATE_TTL_S + RENEW_EVERY_S for ttl in ttls), ttls
 
     async def test_a_history_created_within_a_renewal_window_gets_its_ttl(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -377,20 +908,24 @@ class TestKeys:
 
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
 
+    async def test_a_text_created_within_a_renewal_window_gets_its_ttl(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [chat(1)])
+
+        await apply(store, [token(1001, "a")])
+
+        for key in (CHAT_JOB.tokens, CHAT_JOB.text):
+            assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
+
     async def test_with_the_default_ttls_the_renewal_window_is_a_minute(
         self, streams_redis: Redis
     ) -> None:
         state_ttl_s = Settings.model_fields["state_ttl_s"].default
         markers_ttl_s = Settings.model_fields["published_ttl_s"].default
-        store = RedisLuaStateStore(
-            streams_redis,
-            families=FAMILIES,
-            group=GROUP,
-            state_ttl_s=state_ttl_s,
-            markers_ttl_s=markers_ttl_s,
-            history_size=HISTORY_SIZE,
+        store = await make_store(
+            streams_redis, state_ttl_s=state_ttl_s, markers_ttl_s=markers_ttl_s
         )
-        await streams_redis.set(EPOCH, 1)
 
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
 
@@ -401,25 +936,37 @@ class TestKeys:
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         events = [encoded(seq=n, stream_id=entry_id(n)) for n in range(1, 8)]
+        stored = kept_in_turn(events)
 
         await apply(store, events[:5])
         after_first = await streams_redis.lrange(JOB.history, 0, -1)
         await apply(store, events[5:])
 
-        assert after_first == [e.payload for e in events[2:5]]
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in events[4:]]
-        assert await streams_redis.get(JOB.state) == events[-1].payload
+        assert after_first == stored[2:5]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == stored[4:]
+        assert await streams_redis.get(JOB.state) == stored[-1]
 
     async def test_payload_bytes_are_stored_exactly(
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        payload = bytes(range(256)) + "résumé ✓".encode()
+        # The stamp goes after the opening brace; every byte after it is kept as it came.
+        payload = b"{" + bytes(range(256)) + "résumé ✓".encode()
+        stored = b'{"event_id":1,' + payload[1:]
 
         await apply(store, [raw(payload, seq=1, stream_id=entry_id(1))])
 
-        assert await streams_redis.get(JOB.state) == payload
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [payload]
-        assert (await store.view("scan", "job-1")).state == payload
+        assert await streams_redis.get(JOB.state) == stored
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [stored]
+        assert (await store.view("scan", "job-1")).state == stored
+
+    async def test_token_bytes_are_stored_exactly(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        content = "\x00\r\n\t résumé ✓ \U0001f600"
+
+        await apply(store, [token(1001, content), token(1002, content)])
+
+        assert await streams_redis.get(CHAT_JOB.text) == (content * 2).encode()
 
     async def test_a_batch_of_300_events_across_100_jobs_is_applied_in_one_call(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -436,10 +983,10 @@ class TestKeys:
         assert judgements == [NEW_APPLY] * 300
         for job in jobs:
             keys = JobKeys.of("scan", job)
-            mine = [item.payload for item in batch if item.event.job_id == job]
+            mine = kept_in_turn([item for item in batch if item.event.job_id == job])
             assert await streams_redis.get(keys.state) == mine[-1]
             assert await streams_redis.lrange(keys.history, 0, -1) == mine
-            assert await streams_redis.hget(keys.markers, "last") == b"3"
+            assert await streams_redis.hmget(keys.markers, "last", "last_id") == [b"3", b"3"]
         assert len(await streams_redis.keys("scan:*")) == 300
 
     async def test_a_batch_longer_than_one_argument_chunk_is_applied_whole(
@@ -451,11 +998,22 @@ class TestKeys:
         await hold(streams_redis, *range(1, 2501))
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
-        assert await streams_redis.hlen(JOB.markers) == 2503  # seqs, last, history_bytes, renewed
+        # The seqs, then last, last_id, history_bytes and renewed.
+        assert await streams_redis.hlen(JOB.markers) == 2504
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [
-            e.payload for e in batch[-HISTORY_SIZE:]
-        ]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-HISTORY_SIZE:]
+
+    async def test_a_batch_of_many_tokens_is_appended_whole(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        batch = [token(1000 + n, f"{n} ") for n in range(1, 2501)]
+
+        assert await apply(store, batch) == [NEW_APPLY] * 2500
+        assert (
+            await streams_redis.get(CHAT_JOB.text)
+            == "".join(f"{n} " for n in range(1, 2501)).encode()
+        )
+        assert await streams_redis.hmget(CHAT_JOB.tokens, "seq", "id") == [b"3500", b"3500"]
 
 
 class TestMarkersExpiry:
@@ -478,18 +1036,24 @@ class TestMarkersExpiry:
         older = encoded(seq=3, stream_id=entry_id(3), stage="late")
 
         assert await apply(store, [older]) == [NEW_APPLY]
-        assert await streams_redis.get(JOB.state) == older.payload
+        # Its ids start again too: nothing is known of the job's earlier ones.
+        assert await streams_redis.get(JOB.state) == kept(older)
         history = await streams_redis.lrange(JOB.history, 0, -1)
         assert await markers_renewed_now(streams_redis) == {
-            b"3": entry_id(3).encode(),
+            b"3": entry_id(3).encode() + b' "event_id":3,',
             b"last": b"3",
+            b"last_id": b"3",
             b"history_bytes": str(sum(len(p) for p in history)).encode(),
         }
         assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
 
 def sized(seq: int, size: int) -> EncodedEvent:
-    return raw(f"{seq}:".encode().ljust(size, b"x"), seq=seq, stream_id=entry_id(seq))
+    """Event `seq` of a job applied from seq 1 in turn, stored in exactly `size` bytes."""
+    fields = stamp(seq, seq - 1 if seq > 1 else None)
+    padding = size - len(fields) - len(b'{"p":""}')
+    payload = b'{"p":"' + f"{seq}:".encode().ljust(padding, b"x") + b'"}'
+    return raw(payload, seq=seq, stream_id=entry_id(seq))
 
 
 class TestHistoryBytes:
@@ -497,16 +1061,7 @@ class TestHistoryBytes:
 
     @pytest.fixture
     async def small(self, streams_redis: Redis) -> RedisLuaStateStore:
-        await streams_redis.set(EPOCH, 1)
-        return RedisLuaStateStore(
-            streams_redis,
-            families=FAMILIES,
-            group=GROUP,
-            state_ttl_s=STATE_TTL_S,
-            markers_ttl_s=MARKERS_TTL_S,
-            history_size=100,
-            history_max_bytes=10_000,
-        )
+        return await make_store(streams_redis, history_size=100, history_max_bytes=10_000)
 
     async def test_a_history_that_expired_is_counted_from_zero_again(
         self, small: RedisLuaStateStore, streams_redis: Redis
@@ -517,20 +1072,20 @@ class TestHistoryBytes:
 
         await apply(small, fresh)
 
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in fresh]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(fresh, 2)
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"8000"
 
     async def test_a_history_written_before_bytes_were_counted_is_counted_once(
         self, small: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
-        older = [sized(n, 4000).payload for n in (1, 2, 3)]
+        older = [kept(sized(n, 4000), n - 1 or None) for n in (1, 2, 3)]
         await streams_redis.rpush(JOB.history, *older)
         await streams_redis.hset(JOB.markers, "last", "3")
         newest = sized(4, 1000)
 
         await apply(small, [newest])
 
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [*older[1:], newest.payload]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [*older[1:], kept(newest, 3)]
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"9000"
 
     async def test_a_large_history_is_trimmed_in_the_one_script_call_of_the_batch(
@@ -540,13 +1095,15 @@ class TestHistoryBytes:
 
         assert await apply(small, batch) == [NEW_APPLY] * 40
 
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [e.payload for e in batch[-10:]]
+        assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-10:]
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"10000"
 
 
-async def _snapshot(redis: Redis) -> tuple[object, ...]:
+async def _snapshot(redis: Redis, job: JobKeys = JOB) -> tuple[object, ...]:
     return (
-        await redis.get(JOB.state),
-        await redis.lrange(JOB.history, 0, -1),
-        await redis.hgetall(JOB.markers),
+        await redis.get(job.state),
+        await redis.lrange(job.history, 0, -1),
+        await redis.hgetall(job.markers),
+        await redis.hgetall(job.tokens),
+        await redis.get(job.text),
     )

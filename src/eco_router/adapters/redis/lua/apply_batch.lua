@@ -214,10 +214,12 @@ local function apply_job(job, offsets)
     text.node = t[5] or ''
     text.run_at = tonumber(t[6]) or 0
     text.runs = t[7] or ''
-    text.created = t[1] == nil
+    -- HMGET gives false, not nil, for a field that is not there.
+    text.created = not t[1]
   end
   local parts = {}
   local reset = false
+  local restarted = false
   local text_changed = false
 
   -- Writes the tokens appended so far, so that a check of the text sees them.
@@ -250,7 +252,8 @@ local function apply_job(job, offsets)
           if restarts then
             text.seq, text.bytes, text.full = -1, 0, false
             text.node, text.run_at, text.runs = '', 0, ''
-            parts, reset = {}, true
+            text.id, text.entry = nil, nil
+            parts, reset, restarted = {}, true, true
           end
           text.attempt = attempt
           text_changed = true
@@ -316,6 +319,7 @@ local function apply_job(job, offsets)
         local stamp = stamp_of(id, last_id, check)
         last_id = id
         applied_by[seq] = entry_id
+        stamp_by[seq] = stamp
         stamps[at] = stamp
         payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
         marks[#marks + 1] = seq
@@ -341,7 +345,13 @@ local function apply_job(job, offsets)
       t[#t + 1] = text.entry
     end
     redis.call('HSET', tokens_key, unpack(t))
-    if due or text.created then
+    if restarted and not text.id then
+      -- No token of the new attempt was written: the old attempt's last one is not its.
+      redis.call('HDEL', tokens_key, 'id', 'entry')
+    end
+    -- A text written anew expires with its hash: a hash without its text would count bytes
+    -- the text no longer has.
+    if due or text.created or restarted then
       redis.call('EXPIRE', tokens_key, history_ttl)
       redis.call('EXPIRE', text_key, history_ttl)
     end
@@ -402,6 +412,15 @@ local function apply_job(job, offsets)
     call_chunked('HSET', markers, marks)
     if due then
       redis.call('EXPIRE', markers, kept_markers_ttl)
+      -- Stage events and tokens share the renewal: the keys of the kind that did not come
+      -- are renewed with it, or they would expire while the job goes on.
+      if #payloads == 0 then
+        redis.call('EXPIRE', history, history_ttl)
+      end
+      if not text_changed then
+        redis.call('EXPIRE', tokens_key, history_ttl)
+        redis.call('EXPIRE', text_key, history_ttl)
+      end
     end
   end
 end
