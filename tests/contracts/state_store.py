@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from eco_router.application.messages import EncodedEvent, JobView, ReadStart
+from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun, stamped
 from eco_router.domain.verdict import (
     DUPLICATE,
     NEW_APPLY,
     NEW_IN_PLACE_OF_GONE,
     NEW_REPUBLISH,
+    NEW_RESTART,
     STALE,
+    TEXT_FILLED,
+    TEXT_FULL,
     Judgement,
+    Verdict,
 )
 from tests.contracts.factories import ContractFamilies, entry_id
 
@@ -24,6 +31,15 @@ HISTORY_SIZE = 3
 _STAMP = re.compile(
     rb'^\{"event_id":\d+,("prev_event_id":\d+,)?("restart":true,)?("text_check":\{[^}]*\},)?'
 )
+
+
+def text_check(text: bytes, *, truncated: bool) -> bytes:
+    """The `text_check` field of a terminal event's stamp for a job whose text is `text`."""
+    return b'"text_check":{"bytes":%d,"sha1":"%s","truncated":%s},' % (
+        len(text),
+        hashlib.sha1(text, usedforsecurity=False).hexdigest().encode(),
+        b"true" if truncated else b"false",
+    )
 
 
 def unstamped(view: JobView) -> JobView:
@@ -47,7 +63,7 @@ class StateStoreContract(ContractFamilies):
 
     Subclasses wire a backend and implement `make_store`. Scan events go to `scan_0`, the
     shard of every scan job here (job-1, job-a, job-b) as a producer routes them: a store on
-    tagged shards finds a job's keys through its shard.
+    tagged shards finds a job's keys through its shard. Tokens are chat job-1's, on `chat_0`.
     """
 
     @property
@@ -61,8 +77,25 @@ class StateStoreContract(ContractFamilies):
         event = self.encoded(seq=seq, stream_id=entry_id(seq)).event
         return EncodedEvent(event, b'{"p":"' + f"{seq}:".encode().ljust(size - 8, b"x") + b'"}')
 
+    def token(
+        self, seq: int, content: str, *, attempt: int = 0, node: str | None = None, **overrides: Any
+    ) -> EncodedEvent:
+        """Token `seq` of chat job-1, from entry `entry_id(seq)` unless overridden."""
+        extra = {"content": content} | ({"node": node} if node is not None else {})
+        fields = {"stream_id": entry_id(seq)} | overrides
+        return self.chat_event(seq, stage="token", attempt=attempt, extra=extra, **fields)
+
+    def chat_event(self, seq: int, **overrides: Any) -> EncodedEvent:
+        """Stage event `seq` of chat job-1, from entry `entry_id(seq)` unless overridden."""
+        fields = {"domain": "chat", "stream": self.chat_0, "stream_id": entry_id(seq)}
+        return self.encoded(**(fields | {"seq": seq} | overrides))
+
     async def make_store(
-        self, *, history_size: int = HISTORY_SIZE, history_max_bytes: int = 1 << 20
+        self,
+        *,
+        history_size: int = HISTORY_SIZE,
+        history_max_bytes: int = 1 << 20,
+        text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
     ) -> StateStore:
         """An empty store over the class's `families` with long TTLs (nothing expires during
         a test)."""
@@ -82,13 +115,16 @@ class StateStoreContract(ContractFamilies):
         for stream, token in self.fence.items():
             await self.set_epoch(stream, token)
 
-    async def apply(
-        self, store: StateStore, events: Sequence[EncodedEvent]
-    ) -> list[Judgement | None]:
+    async def apply_stamped(self, store: StateStore, events: Sequence[EncodedEvent]) -> Applied:
         """Apply as the holder of every shard; no shard may be fenced."""
         applied = await store.apply(events, self.fence)
         assert applied.fenced == frozenset()
-        return applied.judgements
+        return applied
+
+    async def apply(
+        self, store: StateStore, events: Sequence[EncodedEvent]
+    ) -> list[Judgement | None]:
+        return (await self.apply_stamped(store, events)).judgements
 
     async def test_a_read_whose_first_entry_comes_after_one_pending_elsewhere_is_a_gap(
         self,
@@ -342,3 +378,218 @@ class StateStoreContract(ContractFamilies):
 
         assert applied.fenced == {self.chat_0}
         assert applied.judgements == []
+
+    # tokens
+
+    async def test_a_stage_event_after_tokens_numbered_higher_is_new(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.chat_event(1), self.token(1001, "a"), self.token(1002, "b")])
+        thinking = self.chat_event(2, stage="thinking")
+
+        assert await self.apply(store, [thinking]) == [NEW_APPLY]
+        assert unstamped(await store.view("chat", "job-1")).state == thinking.payload
+
+    async def test_a_repeated_token_is_a_duplicate_and_is_not_appended_twice(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.token(1001, "Hel"), self.token(1002, "lo")])
+
+        applied = await self.apply_stamped(
+            store, [self.token(1002, "lo"), self.token(1001, "Hel", stream_id=entry_id(99))]
+        )
+
+        assert (applied.judgements, applied.stamps) == ([DUPLICATE] * 2, [None] * 2)
+        text = await store.text("chat", "job-1")
+        assert text is not None
+        assert (text.text, text.last_seq) == (b"Hello", 1002)
+
+    async def test_a_newer_attempt_restarts_the_text(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.token(1001, "old "), self.token(1002, "text")])
+
+        applied = await self.apply_stamped(
+            store,
+            [
+                self.token(1001, "new", attempt=1, stream_id=entry_id(11)),
+                self.token(1002, " text", attempt=1, stream_id=entry_id(12)),
+            ],
+        )
+
+        assert applied.judgements == [NEW_RESTART, NEW_APPLY]
+        # The job's one sequence of ids goes on past the old attempt's.
+        assert applied.stamps == [
+            b'"event_id":1003,"prev_event_id":1002,"restart":true,',
+            b'"event_id":1004,"prev_event_id":1003,',
+        ]
+        assert await store.text("chat", "job-1") == JobText(
+            b"new text", last_id=1004, last_seq=1002, attempt=1
+        )
+
+    async def test_a_late_token_of_an_older_attempt_is_stale(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.token(1001, "new", attempt=1)])
+
+        applied = await self.apply_stamped(store, [self.token(1002, "old", attempt=0)])
+
+        assert (applied.judgements, applied.stamps) == ([STALE], [None])
+        assert await store.text("chat", "job-1") == JobText(
+            b"new", last_id=1001, last_seq=1001, attempt=1
+        )
+
+    async def test_the_token_that_does_not_fit_fills_the_text_and_none_goes_in_after_it(
+        self,
+    ) -> None:
+        store = await self.make_store(text_max_bytes=10)
+        await self.apply(store, [self.token(1001, "12345"), self.token(1002, "6789")])
+        done = self.chat_event(2, stage="done", status="done")
+
+        applied = await self.apply_stamped(
+            store, [self.token(1003, "ab"), self.token(1004, "c"), done]
+        )
+
+        assert applied.judgements == [TEXT_FILLED, TEXT_FULL, NEW_APPLY]
+        assert applied.stamps == [
+            None,
+            None,
+            b'"event_id":1003,"prev_event_id":1002,' + text_check(b"123456789", truncated=True),
+        ]
+        assert await store.text("chat", "job-1") == JobText(
+            b"123456789", last_id=1002, last_seq=1002, attempt=0, full=True
+        )
+
+    async def test_a_newer_attempt_whose_first_token_does_not_fit_leaves_no_text(self) -> None:
+        store = await self.make_store(text_max_bytes=10)
+        await self.apply(store, [self.token(1001, "old")])
+        done = self.chat_event(2, stage="done", status="done")
+
+        applied = await self.apply_stamped(
+            store,
+            [self.token(1001, "x" * 11, attempt=1, stream_id=entry_id(11)), done],
+        )
+
+        assert applied.judgements == [
+            Judgement(Verdict.TEXT_FULL, restarts=True, fills=True),
+            NEW_APPLY,
+        ]
+        assert applied.stamps[1] == b'"event_id":1002,"prev_event_id":1001,' + text_check(
+            b"", truncated=True
+        )
+        assert await store.text("chat", "job-1") is None
+        view = await store.view("chat", "job-1")
+        assert (view.text_last_id, view.text_written_ms) == (None, None)
+
+    async def test_the_text_is_read_with_its_last_token_its_attempt_and_each_nodes_runs(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        # Attempt 2 is the first seen: its first token does not restart anything.
+        first = [
+            self.token(1001, "Pl", attempt=2, node="plan"),
+            self.token(1002, "an ", attempt=2, node="plan"),
+            self.chat_event(2, stage="thinking"),
+        ]
+        then = [
+            self.token(1003, "é✓", attempt=2, node="act"),
+            self.token(1004, " more", attempt=2, node="plan"),
+            self.token(1005, "!", attempt=2),
+        ]
+
+        assert await self.apply(store, first) == [NEW_APPLY] * 3
+        assert await self.apply(store, then) == [NEW_APPLY] * 3
+
+        text = await store.text("chat", "job-1")
+        # The stage event took id 1003: the tokens after it are numbered on from there.
+        assert text == JobText(
+            "Plan é✓ more!".encode(),
+            last_id=1006,
+            last_seq=1005,
+            attempt=2,
+            runs=(TextRun("plan", 0, 5), TextRun("act", 5, 10), TextRun("plan", 10, 15)),
+        )
+        assert text.by_node() == {"plan": "Plan  more", "act": "é✓"}
+
+    async def test_a_job_without_tokens_has_no_text(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.chat_event(1)])
+
+        assert await store.text("chat", "job-1") is None
+        assert await store.text("chat", "job-2") is None
+
+    async def test_the_view_gives_the_id_and_write_time_of_the_texts_last_token(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.chat_event(1)])
+        before = await store.view("chat", "job-1")
+        first = self.token(1001, "a", stream_id="1700000000123-0")
+        last = self.token(1002, "b", stream_id="1700000000456-3")
+
+        await self.apply(store, [first, last, self.chat_event(2)])
+
+        # The stage event after the tokens took id 1003: the view names the last token's.
+        view = await store.view("chat", "job-1")
+        assert (before.text_last_id, before.text_written_ms) == (None, None)
+        assert (view.text_last_id, view.text_written_ms) == (1002, 1700000000456)
+
+    # stamps
+
+    async def test_the_events_of_a_job_of_stage_events_only_keep_their_seqs_as_ids(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        events = [self.encoded(seq=n, stream_id=entry_id(n)) for n in (1, 2, 5)]
+
+        first = await self.apply_stamped(store, events[:2])
+        then = await self.apply_stamped(
+            store, [events[2], self.encoded(seq=4, stream_id=entry_id(4), stage="late")]
+        )
+
+        assert first.stamps + then.stamps == [
+            b'"event_id":1,',
+            b'"event_id":2,"prev_event_id":1,',
+            b'"event_id":5,"prev_event_id":2,',
+            None,
+        ]
+        assert (await store.view("scan", "job-1")).history == [
+            stamped(events[0].payload, b'"event_id":1,'),
+            stamped(events[1].payload, b'"event_id":2,"prev_event_id":1,'),
+            stamped(events[2].payload, b'"event_id":5,"prev_event_id":2,'),
+        ]
+
+    async def test_a_jobs_stage_events_and_tokens_share_one_sequence_of_ids(self) -> None:
+        store = await self.make_store()
+        started, saved = self.chat_event(1, stage="started"), self.chat_event(2, stage="saved")
+        done = self.chat_event(3, stage="done", status="done")
+
+        first = await self.apply_stamped(
+            store, [started, self.token(1001, "Hi"), self.token(1002, " ✓")]
+        )
+        then = await self.apply_stamped(store, [saved, done])
+
+        assert first.stamps + then.stamps == [
+            b'"event_id":1,',
+            b'"event_id":1001,"prev_event_id":1,',
+            b'"event_id":1002,"prev_event_id":1001,',
+            b'"event_id":1003,"prev_event_id":1002,',
+            b'"event_id":1004,"prev_event_id":1003,' + text_check("Hi ✓".encode(), truncated=False),
+        ]
+        view = await store.view("chat", "job-1")
+        assert view.history == [
+            stamped(started.payload, b'"event_id":1,'),
+            stamped(saved.payload, b'"event_id":1003,"prev_event_id":1002,'),
+            stamped(done.payload, then.stamps[1] or b""),
+        ]
+
+    async def test_an_event_published_again_gets_the_stamp_it_was_first_published_with(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        done = self.chat_event(2, stage="done", status="done")
+        first = await self.apply_stamped(store, [self.token(1001, "Hi"), done, done])
+        await self.apply(store, [self.token(1002, " again")])
+
+        again = await self.apply_stamped(store, [done])
+
+        assert first.judgements[1:] == [NEW_APPLY, NEW_REPUBLISH]
+        assert again.judgements == [NEW_REPUBLISH]
+        assert first.stamps[2] == again.stamps[0] == first.stamps[1]
+        assert first.stamps[1] == b'"event_id":1002,"prev_event_id":1001,' + text_check(
+            b"Hi", truncated=False
+        )

@@ -31,6 +31,7 @@ from eco_router.application.ports import (
     LeaseStore,
     StateStore,
 )
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
@@ -97,7 +98,11 @@ class TestRedisLuaStateStore(StateStoreContract):
         self.redis = streams_redis
 
     async def make_store(
-        self, *, history_size: int = 3, history_max_bytes: int = 1 << 20
+        self,
+        *,
+        history_size: int = 3,
+        history_max_bytes: int = 1 << 20,
+        text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
     ) -> StateStore:
         return RedisLuaStateStore(
             self.redis,
@@ -107,6 +112,7 @@ class TestRedisLuaStateStore(StateStoreContract):
             markers_ttl_s=7200,
             history_size=history_size,
             history_max_bytes=history_max_bytes,
+            text_max_bytes=text_max_bytes,
         )
 
     async def set_epoch(self, stream: str, token: int) -> None:

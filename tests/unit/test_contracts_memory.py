@@ -25,6 +25,7 @@ from eco_router.application.ports import (
     LeaseStore,
     StateStore,
 )
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
@@ -80,7 +81,11 @@ class TestInMemoryStateStore(StateStoreContract):
         self.leases = self.streams.lease_table(GROUP)
 
     async def make_store(
-        self, *, history_size: int = 3, history_max_bytes: int = 1 << 20
+        self,
+        *,
+        history_size: int = 3,
+        history_max_bytes: int = 1 << 20,
+        text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
     ) -> StateStore:
         return InMemoryStateStore(
             clock=self.clock,
@@ -90,6 +95,7 @@ class TestInMemoryStateStore(StateStoreContract):
             markers_ttl_s=7200,
             history_size=history_size,
             history_max_bytes=history_max_bytes,
+            text_max_bytes=text_max_bytes,
         )
 
     async def set_epoch(self, stream: str, token: int) -> None:
