@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.backlog import Workload, fill_hidden, group_state, open_gate
 from bench.baseline_source import BaselineSource, baseline_source
@@ -80,6 +81,16 @@ LIVE_TOKENS_CHECKED = 5
 LAG_PROBE_S = 0.01
 RESUME_WAIT_S = 15.0
 ROUTED_TIMEOUT_S = 120.0
+
+# The gateway's counters a part reports (their /metrics names without `_total`).
+GATEWAY_COUNTERS = {
+    "event_router_gateway_events_sent": "sent",
+    "event_router_gateway_events_dropped": "dropped (slow viewer)",
+    "event_router_gateway_events_overtaken": "overtaken",
+    "event_router_gateway_snapshots_sent": "snapshots",
+    "event_router_gateway_feed_failures": "feed failures",
+    "event_router_gateway_connections_closed": "closed",
+}
 
 FULL = {
     "answers": 1_000,
@@ -126,6 +137,7 @@ class Gateway(RouterProcess):
             pubsub_url,
             EVENT_ROUTER_STREAMS=streams,
             EVENT_ROUTER_LOG_LEVEL="WARNING",
+            EVENT_ROUTER_GATEWAY_METRICS="true",
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS=str(connections),
             EVENT_ROUTER_SSE_MAX_PER_CLIENT="100000",
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT="0",
@@ -145,6 +157,22 @@ class Gateway(RouterProcess):
 
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def counters(self) -> dict[str, float]:
+        """The gateway's counters from /metrics (`GATEWAY_COUNTERS`), by name and label."""
+        text = self.http_get("/metrics", timeout=5)
+        if text is None:
+            return {}
+        counters: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name not in GATEWAY_COUNTERS:
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    label = ",".join(sample.labels.values())
+                    name = GATEWAY_COUNTERS[family.name] + (f" {label}" if label else "")
+                    counters[name] = counters.get(name, 0.0) + sample.value
+        return counters
 
 
 @dataclass(slots=True)
@@ -283,6 +311,8 @@ class Delivery:
     first_viewer_p50_ms: float | None = None
     first_viewer_p99_ms: float | None = None
     loop_lag_p99_ms: float | None = None
+    unrouted_at_end: int | None = None  # chat entries lagging or pending when measured
+    gateway_counters: dict[str, int] = field(default_factory=dict)
     loop_lag_max_ms: float | None = None
     cpu_percent: dict[str, float] = field(default_factory=dict)
     router_us_per_token: float | None = None
@@ -402,12 +432,15 @@ async def deliver(
         await lag_probe
     ordered_lags = sorted(lags)
     d.loop_lag_p99_ms, d.loop_lag_max_ms = (percentile(ordered_lags, p) for p in (99, 100))
+    state = group_state(s.streams_client, CHAT)
+    d.unrouted_at_end = state.lag + state.pending
     if all(ledger.complete.is_set() for ledger in ledgers):
         d.delivered_within_s = round(after.at - written_at, 2)
     # The terminal events follow the last tokens: a short wait for them, not measured.
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(END_GRACE_S):
             await asyncio.gather(*(ledger.ended.wait() for ledger in ledgers))
+    d.gateway_counters = {k: int(v) for k, v in s.gateway.counters().items() if v}
     for viewer in viewers:
         viewer.close()
     tally_delivery(d, ledgers, written, lambda i: written.tokens_of(answer_of[i]), tally)
@@ -782,6 +815,11 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
         [
             "gateway CPU: % of a core, µs per frame",
             f"{num(d.cpu_percent.get('gateway'), '{:.0f}')} %, {num(d.gateway_us_per_frame)}",
+        ],
+        ["chat entries not yet routed at the end", num(d.unrouted_at_end, "{:,}")],
+        [
+            "gateway counters",
+            ", ".join(f"{k} {v:,}" for k, v in sorted(d.gateway_counters.items())) or "n/a",
         ],
         ["this bench's viewers: % of a core", f"{num(d.cpu_percent.get('bench'), '{:.0f}')} %"],
         [
