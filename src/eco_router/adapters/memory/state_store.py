@@ -41,8 +41,11 @@ class _Text:
 
     def append(self, content: bytes, node: str | None) -> None:
         last = self.runs[-1] if self.runs else None
-        if node is not None and last is not None and last.node == node and last.end == len(
-            self.text
+        if (
+            node is not None
+            and last is not None
+            and last.node == node
+            and last.end == len(self.text)
         ):
             self.runs[-1] = TextRun(node, last.start, len(self.text) + len(content))
         elif node is not None:
@@ -131,9 +134,10 @@ class InMemoryStateStore(StateStore):
         if judgement.takes_over:
             job.applied_by[event.seq] = event.stream_id
         if not judgement.apply:
-            return job.stamps.get(event.seq, b'"event_id":%d,' % event.seq) if (
-                judgement.publish
-            ) else None
+            if not judgement.publish:
+                return None
+            # A marker from before event ids: the event was published with its seq as id.
+            return job.stamps.get(event.seq, b'"event_id":%d,' % event.seq)
         event_id = next_event_id(job.last_id, event.seq)
         check = None
         if event.is_terminal and job.text is not None:

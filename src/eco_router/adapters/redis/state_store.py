@@ -159,7 +159,15 @@ class RedisLuaStateStore(StateStore):
                     event.node or "",
                 )
             else:
-                event_args += (index, event.seq, event.stream_id, _kind(event), item.payload, "", "")
+                event_args += (
+                    index,
+                    event.seq,
+                    event.stream_id,
+                    _kind(event),
+                    item.payload,
+                    "",
+                    "",
+                )
         with redis_errors("apply batch"):
             codes, fenced, gaps, stamps = await self._replica_wait.call(
                 self._redis, self._script, keys, args + event_args, trips=self._trips
