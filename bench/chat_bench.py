@@ -96,8 +96,8 @@ FULL = {
     "answers": 1_000,
     "seconds": 10.0,
     "viewers": 1_000,
-    "cost_answers": 100,
-    "cost_tokens": 200,
+    # Few answers with many tokens in each batch, and many with about one each.
+    "cost_shapes": "100x200,1000x20",
     "cost_repeats": 3,
     "resume_tokens": "10,1000,10000",
 }
@@ -105,8 +105,7 @@ QUICK = {
     "answers": 100,
     "seconds": 3.0,
     "viewers": 100,
-    "cost_answers": 20,
-    "cost_tokens": 100,
+    "cost_shapes": "20x100,200x10",
     "cost_repeats": 1,
     "resume_tokens": "10,100,1000",
 }
@@ -536,13 +535,13 @@ def cost_entries(kind: str, answers: int, tokens: int) -> list[tuple[str, dict[s
     return [token_entry(job, n, ts, stage=kind) for n in range(1, tokens + 1) for job in jobs]
 
 
-def cost_sample(kind: str, args: argparse.Namespace) -> CostSample:
-    entries = cost_entries(kind, args.cost_answers, args.cost_tokens)
+def cost_sample(kind: str, answers: int, tokens: int, args: argparse.Namespace) -> CostSample:
+    entries = cost_entries(kind, answers, tokens)
     with ExitStack() as stack:
         streams, pubsub = stack.enter_context(redis_servers())
         client = stack.enter_context(redis.Redis.from_url(streams.url))
         pubsub_client = stack.enter_context(redis.Redis.from_url(pubsub.url))
-        backlog = fill_hidden(client, Workload(entries, args.cost_answers, 0, 0), CHAT)
+        backlog = fill_hidden(client, Workload(entries, answers, 0, 0), CHAT)
         with start_router(streams, pubsub, args, f"chat-cost-{kind}") as router:
             wait_until_reading(client, [router], family=CHAT)
             streams_cpu, pubsub_cpu = redis_cpu_seconds(client), redis_cpu_seconds(pubsub_client)
@@ -554,35 +553,36 @@ def cost_sample(kind: str, args: argparse.Namespace) -> CostSample:
             streams_cpu = redis_cpu_seconds(client) - streams_cpu
             pubsub_cpu = redis_cpu_seconds(pubsub_client) - pubsub_cpu
             router_cpu = router.cpu_seconds() - router_cpu
-        tokens = len(entries)
+        count = len(entries)
         return CostSample(
             kind=kind,
-            tokens=tokens,
+            tokens=count,
             drain_s=round(drained - opened, 3),
-            streams_us=round(1e6 * streams_cpu / tokens, 2),
-            router_us=round(1e6 * router_cpu / tokens, 2),
-            pubsub_us=round(1e6 * pubsub_cpu / tokens, 2),
+            streams_us=round(1e6 * streams_cpu / count, 2),
+            router_us=round(1e6 * router_cpu / count, 2),
+            pubsub_us=round(1e6 * pubsub_cpu / count, 2),
             verdicts=router.figures,
             command_us={
-                name: round(usec / tokens, 2)
+                name: round(usec / count, 2)
                 for name, usec in commands.items()
                 if name not in BENCH_COMMANDS
             },
         )
 
 
-def cost(args: argparse.Namespace) -> Cost:
+def cost(args: argparse.Namespace) -> list[Cost]:
     print("== 2. cost per token", flush=True)
-    result = Cost(args.cost_answers, args.cost_tokens, args.cost_repeats)
+    return [cost_of_shape(answers, tokens, args) for answers, tokens in args.cost_shapes]
+
+
+def cost_of_shape(answers: int, tokens: int, args: argparse.Namespace) -> Cost:
+    result = Cost(answers, tokens, args.cost_repeats)
     kinds = list(COST_KINDS)
     for round_ in range(args.cost_repeats):
         # a, b, b, a, ...: a machine slowing down slows both alike.
         for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
-            step(
-                "cost",
-                f"round {round_ + 1}: {args.cost_answers * args.cost_tokens:,} entries as {kind}",
-            )
-            result.samples.append(cost_sample(kind, args))
+            step("cost", f"round {round_ + 1}: {answers:,} answers x {tokens:,} tokens as {kind}")
+            result.samples.append(cost_sample(kind, answers, tokens, args))
     for kind in kinds:
         samples = [s for s in result.samples if s.kind == kind]
         result.median[kind] = {
@@ -723,10 +723,13 @@ class Report:
     args: dict[str, Any]
     source: str
     throughput: Delivery | None = None
-    cost: Cost | None = None
+    cost: list[Cost] = field(default_factory=list)
     resume: list[Resume] = field(default_factory=list)
     fanout: Delivery | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    # The machine's 1-minute load average at the start and at the end: other work on it
+    # takes CPU from the processes measured.
+    load: list[float] = field(default_factory=list)
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -736,8 +739,10 @@ def run(args: argparse.Namespace) -> Report:
         title = "this tree (working copy)"
         if args.ref:
             args.source = stack.enter_context(baseline_source(args.ref))
-            title = args.source.title
+            subject = args.source.subject
+            title = f"{args.source.commit} ({subject[:70]}{'...' if len(subject) > 70 else ''})"
         report = Report({k: str(v) for k, v in vars(args).items()}, title)
+        report.load.append(os.getloadavg()[0])
         if "throughput" in args.only:
             report.throughput = throughput(args)
         if "cost" in args.only:
@@ -747,6 +752,7 @@ def run(args: argparse.Namespace) -> Report:
         if "fanout" in args.only:
             report.fanout = fan_out(args)
     report.environment = environment()
+    report.load.append(os.getloadavg()[0])
     return report
 
 
@@ -853,7 +859,8 @@ def print_report(report: Report) -> None:
     print()
     print(
         f"eco-router chat benchmark: {env['cpus']} CPUs, Python {env['python']}, "
-        f"{report.source}, EVENT_ROUTER_STREAMS={args['streams']}"
+        f"{report.source}, EVENT_ROUTER_STREAMS={args['streams']}; load average at the start "
+        f"and end {' and '.join(f'{x:.2f}' for x in report.load)}"
     )
     print()
     if (d := report.throughput) is not None:
@@ -864,7 +871,7 @@ def print_report(report: Report) -> None:
         print()
         table(["", "value"], delivery_rows(d, per_answer="over the viewers"))
         print_delivery_notes(d)
-    if (c := report.cost) is not None:
+    for c in report.cost:
         print(
             f"### 2. Cost per token: {c.answers} answers x {c.tokens_per_answer} tokens "
             f"({c.answers * c.tokens_per_answer:,} entries) drained by one router, median of "
@@ -922,6 +929,10 @@ def print_report(report: Report) -> None:
             ratio = c.ratio[name]
             verdict = "n/a" if ratio is None else ("met" if ratio <= 0.5 else "NOT met")
             print(f"target (a)/(b) <= 0.5 for {labels[name]}: {verdict}")
+        print(
+            "(the rows by command are INFO commandstats: time inside each command, a script's "
+            "with the commands it calls; a busy machine inflates them, not the CPU rows)"
+        )
         print()
     if report.resume:
         print("### 3. Resume: one viewer reconnecting with Last-Event-ID after N tokens")
@@ -987,8 +998,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--wait-after", type=float, default=10.0, help="wait for the last tokens (10 s)"
     )
-    parser.add_argument("--cost-answers", type=int, help="answers of part 2's backlog (100)")
-    parser.add_argument("--cost-tokens", type=int, help="tokens per answer of part 2 (200)")
+    parser.add_argument(
+        "--cost-shapes", help="part 2's backlogs, answers x tokens each (100x200,1000x20)"
+    )
     parser.add_argument("--cost-repeats", type=int, help="rounds of part 2 (3)")
     parser.add_argument("--resume-tokens", help="tokens missed before each resume (10,1000,10000)")
     parser.add_argument("--viewers", type=int, help="viewers of part 4's answer (1000)")
@@ -1011,6 +1023,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.resume_tokens = [int(n) for n in str(args.resume_tokens).split(",") if n]
+    try:
+        args.cost_shapes = [
+            (int(a), int(t))
+            for a, t in (shape.split("x") for shape in str(args.cost_shapes).split(",") if shape)
+        ]
+    except ValueError:
+        parser.error("--cost-shapes takes answers x tokens pairs, e.g. 100x200,1000x20")
     if "chat:events" not in args.streams:
         parser.error("--streams must route chat:events")
     if min(args.answers, args.rate, args.viewers, args.fanout_rate) < 1 or args.seconds <= 0:
