@@ -6,6 +6,7 @@ downloaded browser) is driven headless through Playwright.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -458,3 +459,70 @@ class TestFavicon:
 
         assert response.status == 200
         assert response.headers["content-type"] == "image/svg+xml"
+
+
+# --- chat jobs --------------------------------------------------------------------------------
+
+# A chat job streams 150-300 tokens at about 25 a second: 6-12 s, a dropped connection 1 s more.
+CHAT_TIMEOUT_MS = 60_000
+
+
+def answer_on_page(page: Page) -> str:
+    text: str = page.locator("#answer").evaluate("answer => answer.textContent")
+    return text
+
+
+def the_done_event(page: Page) -> dict[str, Any]:
+    [done] = [json.loads(f["data"]) for f in received_frames(page) if f["type"] == "done"]
+    return done
+
+
+def start_a_chat_job(page: Page) -> None:
+    page.get_by_role("button", name="Start a chat job").click()
+    # Checked every frame: the answer is on the page before the job ends, and grows.
+    page.wait_for_function(
+        "document.querySelector('#answer').textContent.length > 0", polling="raf"
+    )
+
+
+def assert_the_page_holds_the_jobs_text(page: Page) -> None:
+    text = answer_on_page(page)
+    done = the_done_event(page)
+    assert done["result"] == {"answer_chars": len(text)}
+    check = done["text_check"]
+    assert (check["bytes"], check["truncated"]) == (len(text.encode()), False)
+    assert check["sha1"] == hashlib.sha1(text.encode()).hexdigest()
+    expect(page.locator("#text-check")).to_contain_text("✓ the text matches")
+
+
+class TestAChatJob:
+    def test_its_answer_grows_token_by_token_and_ends_as_the_jobs_text(self, page: Page) -> None:
+        start_a_chat_job(page)
+        early = answer_on_page(page)
+
+        expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
+        text = answer_on_page(page)
+        assert text.startswith(early)
+        assert len(early) < len(text)
+        assert_the_page_holds_the_jobs_text(page)
+        tokens = [f for f in received_frames(page) if f["type"] == "token"]
+        assert len(tokens) > 20, "the answer came in a few large pieces, not token by token"
+        assert shown_seqs(page)[:4] == [0, 10, 11, 160]
+
+    def test_dropping_the_connection_resumes_the_text_exactly(self, page: Page) -> None:
+        start_a_chat_job(page)
+        page.wait_for_function("window.__frames.filter(f => f.type === 'token').length >= 20")
+        page.get_by_role("button", name="Drop the connection").click()
+        before = answer_on_page(page)
+
+        expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
+        assert answer_on_page(page).startswith(before)
+        assert_the_page_holds_the_jobs_text(page)
+        urls = connections(page)
+        assert len(urls) == 2, urls
+        assert "last_event_id=" in urls[1]
+        frames = received_frames(page)
+        # The tokens sent while it was away come back as one text, not one by one.
+        assert [f["type"] for f in frames].count("token_recovery") == 1
+        ids = [int(f["id"]) for f in frames if f["type"] != "snapshot"]
+        assert ids == sorted(set(ids)), "an event was sent twice"
