@@ -34,7 +34,8 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     DONE = "done"
-    # The job waits for its user (stage `needs_input`); it is not over.
+    # The job waits for its user (the reference writes it on the stage `needs_input`); it is
+    # not over, and the stream stays open.
     WAITING = "waiting"
     # A token's status; only the token API writes it.
     STREAMING = "streaming"
