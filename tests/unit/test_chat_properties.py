@@ -1,0 +1,511 @@
+"""Any interleaving of a chat answer's faults ends with every viewer holding the final
+attempt's text, and `done` once: the router on its in-memory adapters and the SSE use case,
+driven by hypothesis.
+
+The task writes the reference worker's entries (stage seqs below 1000, tokens from 1001) and
+may write an entry twice (a producer's retry, or a duplicated entry, of any earlier entry:
+an older attempt's comes back stale) or be retried (a higher `attempt`, tokens from 1001
+again, a new text). A router routes a batch, or dies: after reading, after its apply, part-way
+through its publish, or after its publish and before its ack; another router then takes its
+shards over (a new consumer under a higher fencing token) and routes the pending entries
+before any new one. Viewers join at any time, leave, and come back with their last event id
+as the browser's EventSource does; the gateway's viewer queue is sometimes two events deep,
+so a viewer also falls behind and catches up. Then the task ends the job (`answer`
+completed, `done`), more of the same happens, the routers settle everything, and every
+viewer, a late joiner too, reads to the end.
+
+Each viewer then holds, as the reference frontend rebuilds it (`token` appends,
+`token_recovery` replaces), exactly the text of the task's final attempt; it got `done`
+once, last, and never an event id at or below one it had already got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.application.errors import PublishFailed
+from eco_router.application.messages import Delivery, EncodedEvent
+from eco_router.application.route_batch import RouteBatch
+from eco_router.application.stream_job_events import JobStream
+from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
+from eco_router.domain.verdict import in_judging_order
+from tests.unit.factories import START_MS, make_event
+from tests.unit.test_chat_streams import Frame, frames_of, last_event_id, text_seen
+from tests.unit.test_stream_job_events import Gateway
+
+JOB = "job-1"
+# Far above what any example redelivers: a poison entry is another test's matter.
+MAX_DELIVERIES = 1000
+# Ending is immediate on the in-memory adapters: a stream still open this long never ends.
+END_WITHIN_S = 2.0
+MAX_VIEWERS = 4
+
+
+# --- what happens ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Write:
+    """The task writes its next token."""
+
+    delta: str
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The task writes its next stage event between tokens."""
+
+
+@dataclass(frozen=True)
+class Again:
+    """An entry already written is written again, `back` entries from the last (0: the last
+    one, a producer's retry of its write)."""
+
+    back: int
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The task is retried: the next attempt writes `answer` started again, then its first
+    token, from seq 1001."""
+
+    delta: str
+
+
+class Death(enum.Enum):
+    """Where a router dies in a batch; nothing it read is acked."""
+
+    AFTER_READ = "after its read"
+    AFTER_APPLY = "after its apply, before its publish"
+    MID_PUBLISH = "part-way through its publish"
+    AFTER_PUBLISH = "after its publish, before its ack"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A router routes up to `count` new entries (or every pending one, on taking over),
+    or dies at `death` (`published` of the batch's events get out in a MID_PUBLISH)."""
+
+    count: int
+    death: Death | None = None
+    published: int = 0
+
+
+@dataclass(frozen=True)
+class Join:
+    """A new viewer opens the job's stream: at once, or in the background (`racing` what
+    comes next)."""
+
+    racing: bool = False
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A viewer's connection drops."""
+
+    viewer: int
+
+
+@dataclass(frozen=True)
+class Return:
+    """A viewer reconnects with the last event id it got, at once or `racing`."""
+
+    viewer: int
+    racing: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """The viewers' streams run for a few turns of the event loop."""
+
+    turns: int
+
+
+Step = Write | Stage | Again | Retry | Route | Join | Leave | Return | Run
+
+
+# Hangul, an emoji sequence, JSON's special characters, a newline: what a frame must carry.
+deltas = st.text(alphabet='ab 안녕👩‍💻"\\\n', min_size=1, max_size=3)
+routes = st.builds(
+    Route,
+    count=st.integers(1, 12),
+    death=st.one_of(st.none(), st.sampled_from(Death)),
+    published=st.integers(0, 3),
+)
+viewer_steps = st.one_of(
+    st.builds(Join, st.booleans()),
+    st.builds(Leave, st.integers(0, MAX_VIEWERS - 1)),
+    st.builds(Return, st.integers(0, MAX_VIEWERS - 1), st.booleans()),
+    st.builds(Run, st.integers(1, 4)),
+)
+# Writes and routes weigh more: a router's death then falls on a batch with tokens in it.
+answer_steps = st.lists(
+    st.one_of(
+        *[st.builds(Write, deltas)] * 3,
+        st.builds(Stage),
+        st.builds(Again, st.integers(0, 6)),
+        st.builds(Retry, deltas),
+        *[routes] * 3,
+        viewer_steps,
+    ),
+    min_size=4,
+    max_size=40,
+)
+# A viewer that keeps up, and one whose queue overflows unless it reads between batches.
+queue_sizes = st.sampled_from([256, 256, 2])
+# After the end the task writes nothing new; its entries may still come again.
+end_steps = st.lists(
+    st.one_of(st.builds(Again, st.integers(0, 6)), routes, viewer_steps), max_size=12
+)
+
+
+# --- the task, the routers, the viewers -----------------------------------------------------
+
+
+class Task:
+    """The chat worker: the entries it wrote, and the text of each of its attempts."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self._gw = gw
+        self.attempt = 0
+        self.texts = [""]
+        self.written: list[dict[str, str]] = []
+        self._token_seq = FIRST_TOKEN_SEQ
+        self._stage_seq = 160
+
+    def write(self, seq: int, **fields: str) -> None:
+        self.written.append({"seq": str(seq), **fields})
+        self._gw.h.xadd(JOB, seq, **fields)
+
+    def start(self) -> None:
+        self.write(0, stage="queued", status="started")
+        self.write(160, stage="answer", status="started")
+
+    def token(self, delta: str) -> None:
+        fields = {"stage": "token", "status": "streaming", "content": delta, "node": "answer"}
+        if self.attempt:
+            fields["attempt"] = str(self.attempt)
+        self.write(self._token_seq, **fields)
+        self._token_seq += 1
+        self.texts[-1] += delta
+
+    def stage(self) -> None:
+        # Stage seqs between `answer` started (160) and its completion (180).
+        if self._stage_seq < 179:
+            self._stage_seq += 1
+            self.write(self._stage_seq, stage="answer", status="running")
+
+    def again(self, back: int) -> None:
+        entry = self.written[-1 - back % len(self.written)]
+        self._gw.h.xadd(JOB, **entry)
+
+    def retried(self, delta: str) -> None:
+        self.attempt += 1
+        self.texts.append("")
+        self._token_seq = FIRST_TOKEN_SEQ
+        self.write(160, stage="answer", status="started")
+        self.token(delta)
+
+    def end(self) -> None:
+        self.write(180, stage="answer", status="completed")
+        self.write(181, stage="done", status="completed", result='{"ok": true}')
+
+
+class Routers:
+    """The router that holds every shard; when it dies, the next one takes them over under
+    a higher fencing token and routes what its predecessor left pending first."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self._gw = gw
+        self._generation = 0
+        self._take_over()
+
+    def _take_over(self) -> None:
+        h = self._gw.h
+        self._generation += 1
+        self._source: InMemoryEventSource = h.consumer_source(f"router-{self._generation}")
+        self._fence = {stream: self._generation for stream in h.family.streams}
+        h.leases.epochs.update(self._fence)
+        self._route: RouteBatch = h.route_batch(self._source)
+        self._owed_take_over = True
+
+    async def _deliveries(self, count: int) -> list[Delivery]:
+        if self._owed_take_over:
+            self._owed_take_over = False
+            claimed: list[Delivery] = []
+            for stream, token in self._fence.items():
+                page = await self._source.claim(
+                    stream, token=token, cursor="0-0", min_idle_ms=0, count=1000
+                )
+                claimed += page.deliveries
+            if claimed:
+                return claimed
+        return (await self._source.read_new(self._gw.h.read_from, count=count)).deliveries
+
+    async def route(self, step: Route) -> int:
+        """Route one batch as `step` says; how many entries it held."""
+        deliveries = await self._deliveries(step.count)
+        if step.death is None:
+            await self._route(deliveries, self._fence)
+            return len(deliveries)
+        if step.death is not Death.AFTER_READ:
+            with self._dying_at(step):
+                await self._route(deliveries, self._fence, ack=False)
+        self._take_over()
+        return len(deliveries)
+
+    @contextlib.contextmanager
+    def _dying_at(self, step: Route) -> Iterator[None]:
+        broadcaster = self._gw.h.broadcaster
+        real_publish = broadcaster.publish
+        assert step.death is not None
+        death = step.death
+
+        async def publish(events: Sequence[EncodedEvent]) -> None:
+            if death is Death.AFTER_PUBLISH:
+                await real_publish(events)
+                return
+            if death is Death.MID_PUBLISH:
+                await real_publish(events[: step.published])
+            raise PublishFailed(f"the router died {death.value}")
+
+        broadcaster.publish = publish  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            broadcaster.publish = real_publish  # type: ignore[method-assign]
+
+    async def settle(self) -> None:
+        """Route until nothing is pending or unread."""
+        while await self.route(Route(count=100)):
+            pass
+        assert not self._gw.h.pending()
+
+
+@dataclass
+class Browser:
+    """One viewer across its connections: every chunk it got, and its open connection."""
+
+    gw: Gateway
+    chunks: list[bytes] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None
+    # An open stream whose reader may be cancelled before it ever runs: closed on leaving.
+    stream: JobStream | None = None
+
+    def frames(self) -> list[Frame]:
+        return frames_of(self.chunks)
+
+    @property
+    def connected(self) -> bool:
+        return self.reader is not None and not self.reader.done()
+
+    async def connect(self, *, racing: bool = False) -> None:
+        """Open a stream from the last event id got; `racing`: the stream subscribes and
+        reads its replay once the event loop gets to it, else before this returns."""
+        last_id = last_event_id(self.frames())
+        if racing:
+            self.reader = asyncio.create_task(self._read(self.gw.stream("scan", JOB, last_id)))
+            return
+        self.stream = await self.gw.stream.open("scan", JOB, last_id)
+        self.reader = asyncio.create_task(self._read_open(self.stream))
+
+    async def _read(self, stream: AsyncIterator[bytes]) -> None:
+        async for chunk in stream:
+            self.chunks.append(chunk)
+
+    async def _read_open(self, stream: JobStream) -> None:
+        try:
+            async for chunk in stream:
+                self.chunks.append(chunk)
+        finally:
+            await stream.aclose()
+
+    async def leave(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reader
+            self.reader = None
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+
+    async def to_the_end(self) -> None:
+        """Read until the stream ends on its own; reconnect (as EventSource does) while it
+        ends without `done`."""
+        for _ in range(3):
+            if self.reader is None:
+                await self.connect()
+            assert self.reader is not None
+            done, _ = await asyncio.wait({self.reader}, timeout=END_WITHIN_S)
+            assert done, f"the stream did not end: {self.frames()}"
+            self.reader = self.stream = None
+            if any(f.event == "done" for f in self.frames()):
+                return
+
+
+class Answer:
+    """One example: the gateway, the task, the routers and the viewers."""
+
+    def __init__(self, queue_size: int) -> None:
+        self.gw = Gateway(queue_size=queue_size)
+        self.gw.h.max_deliveries = MAX_DELIVERIES
+        self.task = Task(self.gw)
+        self.routers = Routers(self.gw)
+        self.browsers: list[Browser] = []
+
+    async def do(self, step: Step) -> None:
+        match step:
+            case Write(delta):
+                self.task.token(delta)
+            case Stage():
+                self.task.stage()
+            case Again(back):
+                self.task.again(back)
+            case Retry(delta):
+                self.task.retried(delta)
+            case Route():
+                await self.routers.route(step)
+            case Join(racing) if len(self.browsers) < MAX_VIEWERS:
+                self.browsers.append(Browser(self.gw))
+                await self.browsers[-1].connect(racing=racing)
+            case Leave(n) if n < len(self.browsers):
+                await self.browsers[n].leave()
+            case Return(n, racing) if n < len(self.browsers) and not self.browsers[n].connected:
+                await self.browsers[n].connect(racing=racing)
+            case Run(turns):
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+
+    async def play(self, answer: Sequence[Step], after_the_end: Sequence[Step]) -> None:
+        await self.gw.h.source.prepare()
+        await self.do(Join())  # a viewer from the start
+        self.task.start()
+        for step in answer:
+            await self.do(step)
+        self.task.end()
+        for step in after_the_end:
+            await self.do(step)
+        await self.routers.settle()
+        self.browsers.append(Browser(self.gw))  # a late joiner
+        try:
+            for browser in self.browsers:
+                await browser.to_the_end()
+        finally:
+            for browser in self.browsers:
+                await browser.leave()
+
+
+# --- the property ---------------------------------------------------------------------------
+
+# The router judges a batch's tokens in (attempt, seq) order in the places tokens hold in it
+# (`in_judging_order`): an entry written again, or an older attempt's late token, that comes
+# after the job's end in the same batch hands its place to a token of the answer, which is
+# then routed after `done`. Remove the marks once it is fixed: they are strict.
+TOKENS_MOVED_PAST_THE_END = pytest.mark.xfail(
+    strict=True,
+    reason="in_judging_order moves a token of the answer past the job's later stage events",
+)
+
+
+@TOKENS_MOVED_PAST_THE_END
+@settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(answer=answer_steps, after_the_end=end_steps, queue_size=queue_sizes)
+# The interleavings that matter most, run every time whatever hypothesis draws: tokens a
+# router applied and died before publishing; a retried task while a viewer watches; an entry
+# written again after the end; an older attempt's token written again after the end.
+@example([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256)
+@example([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256)
+@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256)
+@example([Write("a"), Write("b")], [Again(3)], 256)
+@example([Write("old"), Retry("new")], [Again(4)], 256)
+def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
+    answer: list[Step], after_the_end: list[Step], queue_size: int
+) -> None:
+    played = Answer(queue_size)
+
+    asyncio.run(played.play(answer, after_the_end))
+
+    final_text = played.task.texts[-1]
+    for n, browser in enumerate(played.browsers):
+        frames = browser.frames()
+        ids = [f.id for f in frames if f.id is not None]
+        assert text_seen(frames) == final_text, (n, frames)
+        assert [f.event for f in frames].count("done") == 1, (n, frames)
+        assert frames[-1].event == "done", (n, frames)
+        assert all(a < b for a, b in itertools.pairwise(ids)), (n, ids)
+
+
+# --- what the property found ----------------------------------------------------------------
+
+
+def token(seq: int, content: str, attempt: int = 0) -> JobEvent:
+    return make_event(
+        seq=seq,
+        stage="token",
+        status="streaming",
+        extra={"content": content},
+        attempt=attempt,
+        stream_id=f"{START_MS}-{seq}",
+    )
+
+
+class TestJudgingOrderAroundTheEnd:
+    @TOKENS_MOVED_PAST_THE_END
+    def test_the_end_is_judged_after_every_token_written_before_it(self) -> None:
+        new = token(1001, "new", attempt=1)
+        done = make_event(seq=181, stage="done", status="completed")
+        batch = [token(1001, "old "), new, done, token(1002, "late")]
+
+        ordered = in_judging_order(batch)
+
+        assert ordered.index(new) < ordered.index(done)
+
+    @TOKENS_MOVED_PAST_THE_END
+    async def test_an_older_attempts_late_token_after_the_end_leaves_the_final_text_whole(
+        self,
+    ) -> None:
+        gw = Gateway()
+        await gw.h.source.prepare()
+        streaming = {"stage": "token", "status": "streaming"}
+        gw.h.xadd(JOB, 1001, content="old ", **streaming)
+        gw.h.xadd(JOB, 1001, content="new", attempt=1, **streaming)
+        gw.h.xadd(JOB, 181, stage="done", status="completed")
+        gw.h.xadd(JOB, 1002, content="late", **streaming)  # the first attempt's, late
+
+        await gw.h.route(await gw.h.read())  # one batch
+
+        frames = frames_of([chunk async for chunk in gw.stream("scan", JOB, None)])
+        assert text_seen(frames) == "new"
+        assert frames[-1].data["text_check"]["sha1"] == hashlib.sha1(b"new").hexdigest()
+
+    @TOKENS_MOVED_PAST_THE_END
+    async def test_a_token_written_again_after_the_end_leaves_the_text_whole(self) -> None:
+        gw = Gateway()
+        await gw.h.source.prepare()
+        streaming = {"stage": "token", "status": "streaming"}
+        gw.h.xadd(JOB, 1001, content="a", **streaming)
+        gw.h.xadd(JOB, 1002, content="b", **streaming)
+        gw.h.xadd(JOB, 181, stage="done", status="completed")
+        gw.h.xadd(JOB, 1001, content="a", **streaming)  # a producer's retry, late
+
+        await gw.h.route(await gw.h.read())  # one batch
+
+        frames = frames_of([chunk async for chunk in gw.stream("scan", JOB, None)])
+        assert text_seen(frames) == "ab"
+        assert frames[-1].data["text_check"]["bytes"] == 2
