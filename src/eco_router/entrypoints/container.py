@@ -48,6 +48,7 @@ from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.entrypoints.factories import (
+    demo_chat_producer_config,
     demo_producer_config,
     make_admin_authorizer,
     make_authorizer,
@@ -269,12 +270,16 @@ class Container(containers.DeclarativeContainer):
 
     producer_config = providers.Singleton(demo_producer_config, settings)
     demo_publisher = providers.Singleton(AsyncStreamPublisher, streams_redis, producer_config)
+    chat_producer_config = providers.Singleton(demo_chat_producer_config, settings)
+    chat_demo_publisher = providers.Singleton(
+        AsyncStreamPublisher, streams_redis, chat_producer_config
+    )
     start_demo_job = providers.Singleton(
         StartDemoJob,
         run=providers.Singleton(
             RunDemoJobs,
             publisher=demo_publisher,
-            chat_publisher=demo_publisher,
+            chat_publisher=chat_demo_publisher,
             stages=producer_config.provided.plan.stages,
             rate=settings.provided.demo_events_per_s,
         ),
@@ -346,6 +351,11 @@ def use_in_memory(container: Container) -> None:
     container.demo_publisher.override(
         providers.Singleton(
             InMemoryStreamPublisher, container.memory_streams, container.producer_config
+        )
+    )
+    container.chat_demo_publisher.override(
+        providers.Singleton(
+            InMemoryStreamPublisher, container.memory_streams, container.chat_producer_config
         )
     )
 

@@ -40,6 +40,16 @@ def demo_producer_config(settings: Settings) -> ProducerConfig:
     )
 
 
+def demo_chat_producer_config(settings: Settings) -> ProducerConfig:
+    """Demo chat jobs go to the `chat` family, else to the first one (their seqs are their own)."""
+    family = next((f for f in settings.streams if f.domain == "chat"), settings.streams[0])
+    return ProducerConfig(
+        family=family,
+        size_limits=settings.event_size_limits,
+        max_field_bytes=settings.max_field_bytes,
+    )
+
+
 def make_authorizer(secret: SecretStr | None, require_exp: bool = True) -> Authorizer:
     """JWTs when a secret is configured, else open (the app warns at startup)."""
     if secret is None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -25,8 +25,10 @@ from eco_router.adapters.redis.state_store import RedisLuaStateStore
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
 from eco_router.application.messages import GroupView, ShardStats
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 from eco_router.entrypoints.settings import Settings
 from eco_router.entrypoints.startup_checks import connection_failure
 from eco_router.entrypoints.terminal_text import plural, printable
@@ -152,6 +154,20 @@ class _FailuresNoted(ProgressPublisher):
             self._failed[job_id] = None
         return await self._publisher.publish_stage_event(
             job_id, stage, status, result=result, progress=progress, seq=seq
+        )
+
+    async def publish_tokens(
+        self,
+        job_id: str,
+        tokens: AsyncIterable[Any] | Iterable[Any],
+        *,
+        node: str | None = None,
+        attempt: int = 0,
+        coalesce_ms: float = DEFAULT_COALESCE_MS,
+        first_seq: int = FIRST_TOKEN_SEQ,
+    ) -> TokensPublished:
+        return await self._publisher.publish_tokens(
+            job_id, tokens, node=node, attempt=attempt, coalesce_ms=coalesce_ms, first_seq=first_seq
         )
 
 

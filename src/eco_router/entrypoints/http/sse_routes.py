@@ -72,14 +72,17 @@ async def start_demo_job(
     request: Request,
     response: Response,
     fail: bool = False,
+    chat: bool = False,
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
     authorizer: Authorizer = DemoAuth,
     settings: Settings = DemoConfig,
 ) -> dict[str, str]:
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
-    job_id = await start(fail=fail)
-    domain = settings.domains[0]
+    job_id = await start(fail=fail, chat=chat)
+    container: Container = request.app.state.container
+    family = container.chat_producer_config().family if chat else settings.streams[0]
+    domain = family.domain
     if isinstance(authorizer, JwtAuthorizer):
         # The page's EventSource sends cookies, not headers: give it a token for this job.
         token = authorizer.issue(domain, [job_id], ttl_s=DEMO_TOKEN_TTL_S)
