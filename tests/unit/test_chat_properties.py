@@ -29,7 +29,6 @@ import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -409,17 +408,6 @@ class Answer:
 
 # --- the property ---------------------------------------------------------------------------
 
-# The router judges a batch's tokens in (attempt, seq) order in the places tokens hold in it
-# (`in_judging_order`): an entry written again, or an older attempt's late token, that comes
-# after the job's end in the same batch hands its place to a token of the answer, which is
-# then routed after `done`. Remove the marks once it is fixed: they are strict.
-TOKENS_MOVED_PAST_THE_END = pytest.mark.xfail(
-    strict=True,
-    reason="in_judging_order moves a token of the answer past the job's later stage events",
-)
-
-
-@TOKENS_MOVED_PAST_THE_END
 @settings(
     max_examples=250,
     deadline=None,
@@ -466,7 +454,6 @@ def token(seq: int, content: str, attempt: int = 0) -> JobEvent:
 
 
 class TestJudgingOrderAroundTheEnd:
-    @TOKENS_MOVED_PAST_THE_END
     def test_the_end_is_judged_after_every_token_written_before_it(self) -> None:
         new = token(1001, "new", attempt=1)
         done = make_event(seq=181, stage="done", status="completed")
@@ -476,7 +463,6 @@ class TestJudgingOrderAroundTheEnd:
 
         assert ordered.index(new) < ordered.index(done)
 
-    @TOKENS_MOVED_PAST_THE_END
     async def test_an_older_attempts_late_token_after_the_end_leaves_the_final_text_whole(
         self,
     ) -> None:
@@ -494,7 +480,6 @@ class TestJudgingOrderAroundTheEnd:
         assert text_seen(frames) == "new"
         assert frames[-1].data["text_check"]["sha1"] == hashlib.sha1(b"new").hexdigest()
 
-    @TOKENS_MOVED_PAST_THE_END
     async def test_a_token_written_again_after_the_end_leaves_the_text_whole(self) -> None:
         gw = Gateway()
         await gw.h.source.prepare()

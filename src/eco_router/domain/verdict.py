@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import groupby
 
 from eco_router.domain.event import JobEvent
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, TextRecord
@@ -123,23 +124,28 @@ def judge_stage(event: JobEvent, record: JobRecord) -> Judgement:
 
 
 def in_judging_order(events: Iterable[JobEvent]) -> list[JobEvent]:
-    """Order a batch so that each job's events of each kind are judged in seq order.
+    """Order a batch so that each job's events are judged in seq order within each run of one
+    kind.
 
     A late older event in the same batch is then applied before the newer one instead of being
-    judged stale. Stage events and tokens are numbered apart: each kind is sorted within the
-    places it holds in the job's stream order, so a stage event written after tokens is still
-    routed after them. Jobs keep their first-seen order relative to each other.
+    judged stale. Stage events and tokens are numbered apart, and nothing moves across the
+    other kind: a stage event written after tokens is routed after them, and a token written
+    again after the job's end cannot hand its place to one of the answer's. Jobs keep their
+    first-seen order relative to each other.
     """
     by_job: dict[tuple[str, str], list[JobEvent]] = {}
     for event in events:
         by_job.setdefault(event.job_key, []).append(event)
     ordered: list[JobEvent] = []
     for job_events in by_job.values():
-        tokens = iter(sorted((e for e in job_events if e.is_token), key=_token_order))
-        stages = iter(sorted((e for e in job_events if not e.is_token), key=lambda e: e.seq))
-        ordered.extend(next(tokens) if e.is_token else next(stages) for e in job_events)
+        for is_token, run in groupby(job_events, key=lambda e: e.is_token):
+            ordered.extend(sorted(run, key=_token_order if is_token else _stage_order))
     return ordered
 
 
 def _token_order(event: JobEvent) -> tuple[int, int]:
     return (event.attempt, event.seq)
+
+
+def _stage_order(event: JobEvent) -> int:
+    return event.seq
