@@ -178,7 +178,10 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
     publish.add_argument("--job", required=True, help="the job id")
     publish.add_argument("--stage", required=True, help="the stage name, e.g. vision")
     publish.add_argument(
-        "--status", required=True, choices=[s.value for s in Status], help="the stage's status"
+        "--status",
+        required=True,
+        choices=[s.value for s in Status if s is not Status.STREAMING],
+        help="the stage's status (tokens: the producer SDK's publish_tokens)",
     )
     publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
     publish.add_argument("--progress", type=int, help="percent done, 0-100")
