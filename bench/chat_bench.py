@@ -79,6 +79,7 @@ POLL_S = 0.02
 LIVE_INTERVAL_S = 0.02  # a resumed answer goes on at 50 tokens/s
 LIVE_TOKENS_CHECKED = 5
 LAG_PROBE_S = 0.01
+UNROUTED_PROBE_S = 0.2
 RESUME_WAIT_S = 15.0
 ROUTED_TIMEOUT_S = 120.0
 
@@ -311,6 +312,7 @@ class Delivery:
     first_viewer_p99_ms: float | None = None
     loop_lag_p99_ms: float | None = None
     unrouted_at_end: int | None = None  # chat entries lagging or pending when measured
+    unrouted_max: int | None = None  # the most of them seen while the answers were written
     gateway_counters: dict[str, int] = field(default_factory=dict)
     loop_lag_max_ms: float | None = None
     cpu_percent: dict[str, float] = field(default_factory=dict)
@@ -407,7 +409,11 @@ async def deliver(
     await asyncio.sleep(SETTLE_S)
     step("write", f"{len(job_ids):,} answers at {rate} tokens/s each for {args.seconds:g} s")
     lags: list[float] = []
-    lag_probe = asyncio.create_task(measure_loop_lag(lags))
+    waiting: list[int] = []
+    probes = [
+        asyncio.create_task(measure_loop_lag(lags)),
+        asyncio.create_task(measure_unrouted(s.streams_client, waiting)),
+    ]
     before = CpuMark.take(s)
     with ProducerProcess(
         write_answers,
@@ -426,9 +432,11 @@ async def deliver(
         async with asyncio.timeout(args.wait_after):
             await asyncio.gather(*(ledger.complete.wait() for ledger in ledgers))
     after = CpuMark.take(s)
-    lag_probe.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await lag_probe
+    for probe in probes:
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe
+    d.unrouted_max = max(waiting, default=None)
     ordered_lags = sorted(lags)
     d.loop_lag_p99_ms, d.loop_lag_max_ms = (percentile(ordered_lags, p) for p in (99, 100))
     state = group_state(s.streams_client, CHAT)
@@ -456,6 +464,14 @@ async def measure_loop_lag(lags: list[float]) -> None:
         due = time.monotonic() + LAG_PROBE_S
         await asyncio.sleep(LAG_PROBE_S)
         lags.append(1000 * max(0.0, time.monotonic() - due))
+
+
+async def measure_unrouted(client: redis.Redis, waiting: list[int]) -> None:
+    """How many chat entries wait for the router (lag + pending), every `UNROUTED_PROBE_S`."""
+    while True:
+        state = group_state(client, CHAT)
+        waiting.append(state.lag + state.pending)
+        await asyncio.sleep(UNROUTED_PROBE_S)
 
 
 def first_viewer_latency(
@@ -770,6 +786,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
     frames = sum(d.stage_frames.values())
+    first_viewer = []
+    if d.first_viewer_p50_ms is not None:
+        first_viewer = [
+            [
+                "first viewer of each token: latency p50 / p99 (ms)",
+                f"{num(d.first_viewer_p50_ms)} / {num(d.first_viewer_p99_ms)}",
+            ]
+        ]
     return [
         ["viewers established", f"{d.established:,} / {d.viewers:,}"],
         [
@@ -787,10 +811,7 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
         ],
         ["all delivered within (s of the last write)", num(d.delivered_within_s, "{:.2f}")],
         ["latency p50 / p99 / max (ms)", f"{num(d.p50_ms)} / {num(d.p99_ms)} / {num(d.max_ms)}"],
-        [
-            "first viewer of each token: latency p50 / p99 (ms)",
-            f"{num(d.first_viewer_p50_ms)} / {num(d.first_viewer_p99_ms)}",
-        ],
+        *first_viewer,
         ["streams ended with done", f"{d.streams_ended_done:,} / {d.viewers:,}"],
         [
             "text_check on the end matches the text",
@@ -822,7 +843,10 @@ def delivery_rows(d: Delivery, *, per_answer: str) -> list[list[str]]:
             "gateway CPU: % of a core, µs per frame",
             f"{num(d.cpu_percent.get('gateway'), '{:.0f}')} %, {num(d.gateway_us_per_frame)}",
         ],
-        ["chat entries not yet routed at the end", num(d.unrouted_at_end, "{:,}")],
+        [
+            "chat entries waiting for the router: most seen / at the end",
+            f"{num(d.unrouted_max, '{:,}')} / {num(d.unrouted_at_end, '{:,}')}",
+        ],
         [
             "gateway counters",
             ", ".join(f"{k} {v:,}" for k, v in sorted(d.gateway_counters.items())) or "n/a",
