@@ -26,15 +26,17 @@ import contextlib
 import enum
 import hashlib
 import itertools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import PublishFailed
 from eco_router.application.messages import Delivery, EncodedEvent
+from eco_router.application.ports import FrameWriter
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stream_job_events import JobStream
 from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
@@ -104,9 +106,11 @@ class Route:
 @dataclass(frozen=True)
 class Join:
     """A new viewer opens the job's stream: at once, or in the background (`racing` what
-    comes next)."""
+    comes next); `direct`: its connection takes live events straight from the fan-out, as
+    the HTTP server's does, else they all go through the stream."""
 
     racing: bool = False
+    direct: bool = True
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ routes = st.builds(
     published=st.integers(0, 3),
 )
 viewer_steps = st.one_of(
-    st.builds(Join, st.booleans()),
+    st.builds(Join, st.booleans(), st.booleans()),
     st.builds(Leave, st.integers(0, MAX_VIEWERS - 1)),
     st.builds(Return, st.integers(0, MAX_VIEWERS - 1), st.booleans()),
     st.builds(Run, st.integers(1, 4)),
@@ -292,11 +296,33 @@ class Routers:
         assert not self._gw.h.pending()
 
 
+class Connection(FrameWriter):
+    """A viewer's connection as the HTTP server hands it to the stream: what is written to
+    it goes out in order with the stream's own chunks."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, frame: bytes) -> None:
+        self._chunks.append(frame)
+
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        pass
+
+    def stop_keepalive(self) -> None:
+        pass
+
+
 @dataclass
 class Browser:
-    """One viewer across its connections: every chunk it got, and its open connection."""
+    """One viewer across its connections: every chunk it got, and its open connection
+    (`direct`: live events are written straight to it)."""
 
     gw: Gateway
+    direct: bool = True
     chunks: list[bytes] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
     # An open stream whose reader may be cancelled before it ever runs: closed on leaving.
@@ -314,16 +340,21 @@ class Browser:
         reads its replay once the event loop gets to it, else before this returns."""
         last_id = last_event_id(self.frames())
         if racing:
-            self.reader = asyncio.create_task(self._read(self.gw.stream("scan", JOB, last_id)))
+            self.reader = asyncio.create_task(self._open_and_read(last_id))
             return
+        stream = await self._open(last_id)
+        self.reader = asyncio.create_task(self._read(stream))
+
+    async def _open(self, last_id: int | None) -> JobStream:
         self.stream = await self.gw.stream.open("scan", JOB, last_id)
-        self.reader = asyncio.create_task(self._read_open(self.stream))
+        if self.direct:
+            self.stream.writer = Connection(self.chunks)
+        return self.stream
 
-    async def _read(self, stream: AsyncIterator[bytes]) -> None:
-        async for chunk in stream:
-            self.chunks.append(chunk)
+    async def _open_and_read(self, last_id: int | None) -> None:
+        await self._read(await self._open(last_id))
 
-    async def _read_open(self, stream: JobStream) -> None:
+    async def _read(self, stream: JobStream) -> None:
         try:
             async for chunk in stream:
                 self.chunks.append(chunk)
@@ -376,8 +407,8 @@ class Answer:
                 self.task.retried(delta)
             case Route():
                 await self.routers.route(step)
-            case Join(racing) if len(self.browsers) < MAX_VIEWERS:
-                self.browsers.append(Browser(self.gw))
+            case Join(racing, direct) if len(self.browsers) < MAX_VIEWERS:
+                self.browsers.append(Browser(self.gw, direct))
                 await self.browsers[-1].connect(racing=racing)
             case Leave(n) if n < len(self.browsers):
                 await self.browsers[n].leave()
@@ -387,9 +418,13 @@ class Answer:
                 for _ in range(turns):
                     await asyncio.sleep(0)
 
-    async def play(self, answer: Sequence[Step], after_the_end: Sequence[Step]) -> None:
+    async def play(
+        self, answer: Sequence[Step], after_the_end: Sequence[Step], *, direct: bool = True
+    ) -> None:
+        """`direct`: whether the viewer from the start takes live events straight from the
+        fan-out (the late joiner is the other kind)."""
         await self.gw.h.source.prepare()
-        await self.do(Join())  # a viewer from the start
+        await self.do(Join(direct=direct))  # a viewer from the start
         self.task.start()
         for step in answer:
             await self.do(step)
@@ -397,7 +432,7 @@ class Answer:
         for step in after_the_end:
             await self.do(step)
         await self.routers.settle()
-        self.browsers.append(Browser(self.gw))  # a late joiner
+        self.browsers.append(Browser(self.gw, direct=not direct))  # a late joiner
         try:
             for browser in self.browsers:
                 await browser.to_the_end()
@@ -408,26 +443,55 @@ class Answer:
 
 # --- the property ---------------------------------------------------------------------------
 
+# A live event written straight to the connection (`_write_through`) skips the check of
+# `missed_before`: a token after ones a router applied and never published, or the first
+# token of a retried attempt, is appended without the catch-up. Remove the marks once it is
+# fixed: they are strict.
+WRITTEN_THROUGH_WITHOUT_CATCH_UP = pytest.mark.xfail(
+    strict=True,
+    reason="a live event written through to the connection is not checked for missed events",
+)
+
+
+# A router dies after applying a token a viewer waits for; the next one is published.
+DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
+    Write("a"),
+    Route(12),
+    Run(2),
+    Write("b"),
+    Route(12, Death.AFTER_APPLY),
+    Route(12),
+    Run(2),
+    Write("c"),
+    Route(12),
+    Run(2),
+]
+
+
+@WRITTEN_THROUGH_WITHOUT_CATCH_UP
 @settings(
     max_examples=250,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(answer=answer_steps, after_the_end=end_steps, queue_size=queue_sizes)
+@given(answer=answer_steps, after_the_end=end_steps, queue_size=queue_sizes, direct=st.booleans())
 # The interleavings that matter most, run every time whatever hypothesis draws: tokens a
-# router applied and died before publishing; a retried task while a viewer watches; an entry
-# written again after the end; an older attempt's token written again after the end.
-@example([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256)
-@example([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256)
-@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256)
-@example([Write("a"), Write("b")], [Again(3)], 256)
-@example([Write("old"), Retry("new")], [Again(4)], 256)
+# router applied and died before publishing; a retried task while a viewer watches (through
+# the stream, and written straight to its connection); an entry written again after the end;
+# an older attempt's token written again after the end.
+@example([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256, False)
+@example([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256, False)
+@example(DIED_AFTER_APPLY_WHILE_WATCHED, [], 256, True)
+@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, False)
+@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, True)
+@example([Write("a"), Write("b")], [Again(3)], 256, True)
+@example([Write("old"), Retry("new")], [Again(4)], 256, True)
 def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
-    answer: list[Step], after_the_end: list[Step], queue_size: int
+    answer: list[Step], after_the_end: list[Step], queue_size: int, direct: bool
 ) -> None:
     played = Answer(queue_size)
 
-    asyncio.run(played.play(answer, after_the_end))
+    asyncio.run(played.play(answer, after_the_end, direct=direct))
 
     final_text = played.task.texts[-1]
     for n, browser in enumerate(played.browsers):
@@ -494,3 +558,55 @@ class TestJudgingOrderAroundTheEnd:
         frames = frames_of([chunk async for chunk in gw.stream("scan", JOB, None)])
         assert text_seen(frames) == "ab"
         assert frames[-1].data["text_check"]["bytes"] == 2
+
+
+class TestLiveEventsWrittenThrough:
+    """A viewer whose connection takes live events straight from the fan-out, as the HTTP
+    server's does, while its stream waits."""
+
+    async def _watching(self, gw: Gateway) -> Browser:
+        await gw.h.source.prepare()
+        browser = Browser(gw, direct=True)
+        await browser.connect()
+        await asyncio.sleep(0)  # the stream waits for live events
+        return browser
+
+    async def _route(self, gw: Gateway, deliveries: list[Delivery] | None = None) -> None:
+        await gw.h.route(await gw.h.read() if deliveries is None else deliveries)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    @WRITTEN_THROUGH_WITHOUT_CATCH_UP
+    async def test_tokens_applied_and_never_published_reach_it_before_the_next(self) -> None:
+        gw = Gateway()
+        browser = await self._watching(gw)
+        streaming = {"stage": "token", "status": "streaming"}
+        gw.h.xadd(JOB, 1001, content="a", **streaming)
+        await self._route(gw)
+        gw.h.xadd(JOB, 1002, content="b", **streaming)
+        gw.h.broadcaster.available = False  # the router dies between its apply and publish
+        await self._route(gw)
+        gw.h.broadcaster.available = True
+        await self._route(gw, await gw.h.redeliver())  # judged a duplicate: not published
+        gw.h.xadd(JOB, 1003, content="c", **streaming)
+        await self._route(gw)
+        gw.h.xadd(JOB, 181, stage="done", status="completed")
+        await self._route(gw)
+
+        await browser.to_the_end()
+        assert text_seen(browser.frames()) == "abc"
+
+    @WRITTEN_THROUGH_WITHOUT_CATCH_UP
+    async def test_a_retried_attempts_first_token_replaces_the_text(self) -> None:
+        gw = Gateway()
+        browser = await self._watching(gw)
+        streaming = {"stage": "token", "status": "streaming"}
+        gw.h.xadd(JOB, 1001, content="old", **streaming)
+        await self._route(gw)
+        gw.h.xadd(JOB, 1001, content="new", attempt=1, **streaming)
+        await self._route(gw)
+        gw.h.xadd(JOB, 181, stage="done", status="completed")
+        await self._route(gw)
+
+        await browser.to_the_end()
+        assert text_seen(browser.frames()) == "new"
