@@ -392,8 +392,10 @@ async def deliver(
     *,
     shared_frames: bool,
 ) -> Delivery:
-    """Viewers (`viewers_of[j]` answers `job_ids[j]`... as one list of ledgers), connected
-    before the answers start; then the paced answers; then the wait for every token."""
+    """`viewers_of[j]` viewers of answer `job_ids[j]`, connected before the answers start;
+    then the answers, `rate` tokens/s each, from a writer process; then the wait for every
+    token. CPU is measured from the writer's start until every token arrived (or the wait
+    ran out)."""
     assert s.gateway is not None
     d = Delivery()
     ledgers = [
