@@ -443,16 +443,6 @@ class Answer:
 
 # --- the property ---------------------------------------------------------------------------
 
-# A live event written straight to the connection (`_write_through`) skips the check of
-# `missed_before`: a token after ones a router applied and never published, or the first
-# token of a retried attempt, is appended without the catch-up. Remove the marks once it is
-# fixed: they are strict.
-WRITTEN_THROUGH_WITHOUT_CATCH_UP = pytest.mark.xfail(
-    strict=True,
-    reason="a live event written through to the connection is not checked for missed events",
-)
-
-
 # A router dies after applying a token a viewer waits for; the next one is published.
 DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
     Write("a"),
@@ -468,7 +458,6 @@ DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
 ]
 
 
-@WRITTEN_THROUGH_WITHOUT_CATCH_UP
 @settings(
     max_examples=250,
     deadline=None,
@@ -576,7 +565,6 @@ class TestLiveEventsWrittenThrough:
         for _ in range(3):
             await asyncio.sleep(0)
 
-    @WRITTEN_THROUGH_WITHOUT_CATCH_UP
     async def test_tokens_applied_and_never_published_reach_it_before_the_next(self) -> None:
         gw = Gateway()
         browser = await self._watching(gw)
@@ -596,7 +584,6 @@ class TestLiveEventsWrittenThrough:
         await browser.to_the_end()
         assert text_seen(browser.frames()) == "abc"
 
-    @WRITTEN_THROUGH_WITHOUT_CATCH_UP
     async def test_a_retried_attempts_first_token_replaces_the_text(self) -> None:
         gw = Gateway()
         browser = await self._watching(gw)

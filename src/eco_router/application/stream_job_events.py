@@ -336,8 +336,8 @@ class StreamJobEvents:
     def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
         """A live event written at once, from the feed's fan-out, while the stream waits: no
         task switch per viewer. A terminal event still goes through the queue: the stream
-        ends with it."""
-        if event.terminal or not writer.writable():
+        ends with it; so does one that tells the client missed events: it needs the store."""
+        if event.terminal or not writer.writable() or missed_before(event, cursor.last_sent):
             return False
         frames = self._live(event, cursor)
         if frames:
