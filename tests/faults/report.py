@@ -88,6 +88,19 @@ replicas), so the promoted replica was already listened to. Their time to recove
 entries written until the promotion was seen (so also those the routers could not publish
 while the Pub/Sub master was down), and is never shorter than that promotion.
 
+**Chat answers.** The `chat-*` scenarios write answers token by token on the `chat:events`
+shards (tokens from seq 1001 between the stage events, some written twice, some answers'
+tasks retried as a new attempt), each watched by a viewer that rebuilds the text as the
+reference frontend does, and a late viewer per answer once all are over. A token a router
+applied and could not publish (it died, or Pub/Sub was down) is never published, by design,
+and reaches the viewers in a `token_recovery`; so these rows count tokens at the viewers:
+**Published in order (of owed)** is the tokens of the answers' final texts the viewers hold
+(of those they must hold), **Lost** the ones missing there, **Duplicated to clients** the
+tokens held twice and the frames at or below an id already received. Such a row passes only
+when every viewer holds exactly the final attempt's text and got `done` once, with that
+text's `text_check`, and no chat entry is pending or dead-lettered. Their time to recover
+runs until every viewer holds its answer as far as it was written at the fault.
+
 **Time to recover** runs from the moment named in the table (the kill or the pause itself,
 the end of an outage) until every entry owed a publish written by then has been published and
 every malformed one dead-lettered. `stateful` runs on a manual clock and does not measure it
