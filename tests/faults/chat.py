@@ -76,6 +76,9 @@ NODE = "answer"
 # The stage events of an answer, in order: queued, answer started and completed, done.
 STAGE_SEQS = [0, 160, 161, 181]
 _TOKEN = re.compile(r" (\d+)\.(\d+)안")
+# Once every answer is written, every viewer has its `done` within this long: an end that
+# only the gateway's quiet re-check (EVENT_ROUTER_SSE_RECHECK_S, 60 s) delivers is too late.
+ENDED_WITHIN_S = 10.0
 
 _router_names = itertools.count(1)
 
@@ -502,7 +505,14 @@ class ChatRig:
         findings = self.findings
         if not await self.load.finish(timeout_s):
             findings.load_errors = self.load.errors or ["the answers were not all written"]
-        await until(lambda: all(v.finished for v in self.viewers), timeout_s=60)
+        written = time.monotonic()
+        await until(lambda: all(v.finished for v in self.viewers), timeout_s=90)
+        ended_s = round(time.monotonic() - written, 2)
+        self.figures.params |= {"viewers_ended_s_after_the_last_entry": ended_s}
+        self.require(
+            ended_s <= ENDED_WITHIN_S,
+            f"viewers still open {ended_s} s after the last entry (bound {ENDED_WITHIN_S} s)",
+        )
         await until(self._nothing_pending, timeout_s=20)
         for answer in self.load.answers:
             late = ChatViewer(lambda: self.gateway.base_url, answer.job_id, once=True)
