@@ -217,7 +217,9 @@ class TestValidEntries:
 
     def test_a_token_carries_its_content_node_and_attempt(self) -> None:
         event = parsed_event(
-            make_fields(stage="token", status="streaming", content="안녕", node="answer", attempt="2")
+            make_fields(
+                stage="token", status="streaming", content="안녕", node="answer", attempt="2"
+            )
         )
 
         assert (event.is_token, event.content, event.node, event.attempt) == (
