@@ -75,7 +75,7 @@ class TestRouterKilledMidAnswer:
     # tokens in the text (duplicates: not published again), and the viewers get them in a
     # token_recovery when the answer's next event shows them what they missed.
     @chat_scenario(
-        15,
+        16,
         "chat-router-sigkill",
         "A router killed with SIGKILL mid-answer, tokens it applied on their way to Pub/Sub; "
         "another takes its chat shards over once its lease lapses",
@@ -135,7 +135,7 @@ class TestRouterKilledMidAnswer:
 
 class TestPubSubRestartMidAnswer:
     @chat_scenario(
-        16,
+        17,
         "chat-pubsub-restart",
         f"The Pub/Sub Redis stopped for {PUBSUB_DOWN_S:g} s mid-answer, then started again",
         SIZES,
