@@ -133,7 +133,8 @@ class TestThePipeline:
         expect(page.locator(".domain[data-domain='scan'] table.shards tbody tr")).to_have_count(4)
         router = page.locator(f'#routers tr[data-router="{ROUTER}"]')
         expect(router).to_contain_text("scan:events:0")
-        expect(page.locator("#t-held")).to_have_text("4 / 4")
+        # The default families: scan and chat, 4 shards each.
+        expect(page.locator("#t-held")).to_have_text("8 / 8")
         expect(page.locator("#live")).to_have_attribute("data-state", "live")
 
 
