@@ -370,6 +370,14 @@ def bad_entry(reason: RejectReason, job_id: str, token: str) -> dict[str, bytes]
         RejectReason.RESULT_NOT_FINITE: {"job_id": job, "seq": b"5", "result": b"[NaN]"},
         # Escaped six bytes for one: above the default stage-event limit once routed.
         RejectReason.TOO_LARGE: {"job_id": job, "seq": b"5", "note": b"\x01" * 2000},
+        RejectReason.MISSING_CONTENT: {"job_id": job, "seq": b"1005", "stage": b"token"},
+        RejectReason.ATTEMPT_NOT_INTEGER: {
+            "job_id": job,
+            "seq": b"1005",
+            "stage": b"token",
+            "content": b"x",
+            "attempt": b"second",
+        },
     }
     return {"token": token.encode(), **wrong[reason]}
 
@@ -882,11 +890,14 @@ class FaultRig:
         return gateway
 
     def _env(self, name: str) -> dict[str, str]:
+        # The load is scan jobs: the default chat family's shards (the chat rows' load, in
+        # tests/faults/chat.py) would only spread the routers' leases over shards that hold
+        # nothing, and a router killed or paused there would hold no entry to take over.
         return router_env(
             streams_url=self.router_streams_url,
             pubsub_url=self.router_pubsub_url,
             name=name,
-            settings=self.settings,
+            settings={"EVENT_ROUTER_STREAMS": "scan:events=4", **self.settings},
         )
 
     @property
