@@ -201,7 +201,7 @@ async def call_script(
         args += [held_with, "", ""]  # the token, and no read to check
     args += [""] * len(shards)  # nor a first entry per read
     for job, shard in jobs:
-        keys += [job.state, job.history, job.markers, job.tokens, job.text]
+        keys += [job.state, job.history, job.markers, job.text_state, job.text]
         args.append(shard)
     for event in events:
         args += event
@@ -494,7 +494,7 @@ class TestTokens:
 
         assert (applied.judgements, applied.stamps) == ([NEW_APPLY], [b'"event_id":1001,'])
         assert await streams_redis.get(CHAT_JOB.text) == "Héllo".encode()
-        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+        assert await streams_redis.hgetall(CHAT_JOB.text_state) == {
             b"attempt": b"0",
             b"seq": b"1002",
             b"id": b"1002",
@@ -516,7 +516,7 @@ class TestTokens:
         await apply(store, [token(1003, "de", node="plan"), token(1004, "!")])
 
         assert await streams_redis.get(CHAT_JOB.text) == b"abcde!"
-        assert await streams_redis.hmget(CHAT_JOB.tokens, "runs", "node", "run_at") == [
+        assert await streams_redis.hmget(CHAT_JOB.text_state, "runs", "node", "run_at") == [
             b"plan\t0\t2\nact\t2\t3\nplan\t3\t5\n",
             b"",  # the last token names no node: its bytes are no node's
             b"5",
@@ -564,7 +564,7 @@ class TestTokens:
             b'"event_id":1004,"prev_event_id":1003,',
         ]
         assert await streams_redis.get(CHAT_JOB.text) == b"new!"
-        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+        assert await streams_redis.hgetall(CHAT_JOB.text_state) == {
             b"attempt": b"1",
             b"seq": b"1002",
             b"id": b"1004",
@@ -585,7 +585,7 @@ class TestTokens:
 
         assert (applied.judgements, applied.stamps) == ([TEXT_FILLED, TEXT_FULL], [None, None])
         assert await streams_redis.get(CHAT_JOB.text) == b"123456789"
-        assert await streams_redis.hmget(CHAT_JOB.tokens, "seq", "id", "bytes", "full") == [
+        assert await streams_redis.hmget(CHAT_JOB.text_state, "seq", "id", "bytes", "full") == [
             b"1002",
             b"1002",
             b"9",
@@ -603,7 +603,7 @@ class TestTokens:
         assert judgements == [Judgement(Verdict.TEXT_FULL, restarts=True, fills=True)]
         assert await streams_redis.get(CHAT_JOB.text) == b""
         # No token of the new attempt was written: there is no last token to name.
-        assert await streams_redis.hgetall(CHAT_JOB.tokens) == {
+        assert await streams_redis.hgetall(CHAT_JOB.text_state) == {
             b"attempt": b"1",
             b"seq": b"-1",
             b"bytes": b"0",
@@ -622,7 +622,7 @@ class TestTokens:
 
         assert await apply(small_text, [token(1001, "fits", attempt=1, n=2)]) == [NEW_RESTART]
         assert await streams_redis.get(CHAT_JOB.text) == b"fits"
-        assert await streams_redis.hget(CHAT_JOB.tokens, "full") == b"0"
+        assert await streams_redis.hget(CHAT_JOB.text_state, "full") == b"0"
 
 
 class TestEventIds:
@@ -823,7 +823,7 @@ class TestKeys:
     ) -> None:
         await apply(store, [token(1001, "a")])
 
-        for key in (CHAT_JOB.tokens, CHAT_JOB.text):
+        for key in (CHAT_JOB.text_state, CHAT_JOB.text):
             assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
         ttl = await streams_redis.ttl(CHAT_JOB.markers)
         assert MARKERS_TTL_S < ttl <= MARKERS_TTL_S + RENEW_EVERY_S
@@ -853,7 +853,7 @@ class TestKeys:
         await apply(store, [chat(1), token(1001, "a")])
         now_s, _ = await streams_redis.time()
         await streams_redis.hset(CHAT_JOB.markers, "renewed", now_s - RENEW_EVERY_S)
-        keys = (CHAT_JOB.history, CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers)
+        keys = (CHAT_JOB.history, CHAT_JOB.text_state, CHAT_JOB.text, CHAT_JOB.markers)
         await _expire_all(streams_redis, 5, *keys)
 
         await apply(store, [token(1002, "b") if due_with == "token" else chat(2)])
@@ -879,11 +879,11 @@ class TestKeys:
         self, store: RedisLuaStateStore, streams_redis: Redis
     ) -> None:
         await apply(store, [token(1001, "a")])
-        await _expire_all(streams_redis, 50, CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers)
+        await _expire_all(streams_redis, 50, CHAT_JOB.text_state, CHAT_JOB.text, CHAT_JOB.markers)
 
         await apply(store, [token(1002, "b")])
 
-        for key in (CHAT_JOB.tokens, CHAT_JOB.text, CHAT_JOB.markers):
+        for key in (CHAT_JOB.text_state, CHAT_JOB.text, CHAT_JOB.markers):
             assert 0 < await streams_redis.ttl(key) <= 50
 
     async def test_a_restarted_text_keeps_the_ttl_of_its_hash(
@@ -895,7 +895,7 @@ class TestKeys:
 
         await apply(store, [token(1001, "b", attempt=1, n=2)])
 
-        ttls = [await streams_redis.ttl(key) for key in (CHAT_JOB.tokens, CHAT_JOB.text)]
+        ttls = [await streams_redis.ttl(key) for key in (CHAT_JOB.text_state, CHAT_JOB.text)]
         assert all(STATE_TTL_S < ttl <= STATE_TTL_S + RENEW_EVERY_S for ttl in ttls), ttls
 
     async def test_a_history_created_within_a_renewal_window_gets_its_ttl(
@@ -915,7 +915,7 @@ class TestKeys:
 
         await apply(store, [token(1001, "a")])
 
-        for key in (CHAT_JOB.tokens, CHAT_JOB.text):
+        for key in (CHAT_JOB.text_state, CHAT_JOB.text):
             assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
 
     async def test_with_the_default_ttls_the_renewal_window_is_a_minute(
@@ -1013,7 +1013,7 @@ class TestKeys:
             await streams_redis.get(CHAT_JOB.text)
             == "".join(f"{n} " for n in range(1, 2501)).encode()
         )
-        assert await streams_redis.hmget(CHAT_JOB.tokens, "seq", "id") == [b"3500", b"3500"]
+        assert await streams_redis.hmget(CHAT_JOB.text_state, "seq", "id") == [b"3500", b"3500"]
 
 
 class TestMarkersExpiry:
@@ -1104,6 +1104,6 @@ async def _snapshot(redis: Redis, job: JobKeys = JOB) -> tuple[object, ...]:
         await redis.get(job.state),
         await redis.lrange(job.history, 0, -1),
         await redis.hgetall(job.markers),
-        await redis.hgetall(job.tokens),
+        await redis.hgetall(job.text_state),
         await redis.get(job.text),
     )

@@ -16,7 +16,7 @@ class JobKeys:
     state: str
     history: str
     markers: str
-    tokens: str
+    text_state: str
     text: str
 
     @classmethod
@@ -28,7 +28,7 @@ class JobKeys:
             state=f"{domain}:state:{at}{job_id}",
             history=f"{domain}:history:{at}{job_id}",
             markers=f"{domain}:applied:{at}{job_id}",
-            tokens=f"{domain}:tokens:{at}{job_id}",
+            text_state=f"{domain}:text_state:{at}{job_id}",
             text=f"{domain}:text:{at}{job_id}",
         )
 

@@ -146,7 +146,7 @@ class RedisLuaStateStore(StateStore):
             if index is None:
                 index = job_index[event.job_key] = len(job_index) + 1
                 job = JobKeys.of(event.domain, event.job_id, event.stream)
-                keys += (job.state, job.history, job.markers, job.tokens, job.text)
+                keys += (job.state, job.history, job.markers, job.text_state, job.text)
                 args.append(shard_index[event.stream])
             if event.is_token:
                 event_args += (
@@ -203,7 +203,7 @@ class RedisLuaStateStore(StateStore):
                         for job, _ in asked:
                             pipe.get(job.state)
                             pipe.lrange(job.history, 0, -1)
-                            pipe.hmget(job.tokens, "id", "entry")
+                            pipe.hmget(job.text_state, "id", "entry")
                         replies = await pipe.execute(raise_on_error=False)
             except Exception as error:
                 for _, viewed in asked:
@@ -236,7 +236,7 @@ class RedisLuaStateStore(StateStore):
         family = self._families.get(domain)
         job = JobKeys.in_family(family, job_id) if family else JobKeys.of(domain, job_id)
         with redis_errors("read job text"):
-            reply = await self._read_text(keys=[job.tokens, job.text])
+            reply = await self._read_text(keys=[job.text_state, job.text])
         if not reply:
             return None
         attempt, seq, last_id, full, node, run_at, runs, size, text = reply

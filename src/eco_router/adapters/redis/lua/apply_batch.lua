@@ -174,7 +174,7 @@ end
 local function apply_job(job, offsets)
   local base = shards * 2 + (job - 1) * PER_JOB
   local state_key, history, markers = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
-  local tokens_key, text_key = KEYS[base + 4], KEYS[base + 5]
+  local text_state_key, text_key = KEYS[base + 4], KEYS[base + 5]
   local stream = KEYS[shards + tonumber(ARGV[jobs_at + job])]
   local fields = { 'last', 'history_bytes', 'renewed', 'last_id' }
   local with_text = false
@@ -205,7 +205,7 @@ local function apply_job(job, offsets)
 
   local text = {}
   if with_text then
-    local t = redis.call('HMGET', tokens_key, 'attempt', 'seq', 'bytes', 'full', 'node',
+    local t = redis.call('HMGET', text_state_key, 'attempt', 'seq', 'bytes', 'full', 'node',
       'run_at', 'runs')
     text.attempt = tonumber(t[1])
     text.seq = tonumber(t[2]) or -1
@@ -344,15 +344,15 @@ local function apply_job(job, offsets)
       t[#t + 1] = 'entry'
       t[#t + 1] = text.entry
     end
-    redis.call('HSET', tokens_key, unpack(t))
+    redis.call('HSET', text_state_key, unpack(t))
     if restarted and not text.id then
       -- No token of the new attempt was written: the old attempt's last one is not its.
-      redis.call('HDEL', tokens_key, 'id', 'entry')
+      redis.call('HDEL', text_state_key, 'id', 'entry')
     end
     -- A text written anew expires with its hash: a hash without its text would count bytes
     -- the text no longer has.
     if due or text.created or restarted then
-      redis.call('EXPIRE', tokens_key, history_ttl)
+      redis.call('EXPIRE', text_state_key, history_ttl)
       redis.call('EXPIRE', text_key, history_ttl)
     end
   end
@@ -418,7 +418,7 @@ local function apply_job(job, offsets)
         redis.call('EXPIRE', history, history_ttl)
       end
       if not text_changed then
-        redis.call('EXPIRE', tokens_key, history_ttl)
+        redis.call('EXPIRE', text_state_key, history_ttl)
         redis.call('EXPIRE', text_key, history_ttl)
       end
     end
