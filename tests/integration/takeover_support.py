@@ -62,9 +62,11 @@ def default_worker_env(streams_url: str, pubsub_url: str, name: str) -> dict[str
 
     Only what a test run cannot share with a production pod differs: the two servers
     (throwaway redis-servers), the ops HTTP address (loopback, a free port) and the consumer
-    name (POD_NAME's role). Stream families (`scan:events=4`), group, channel prefix, read
-    count and block, lease TTL and renew, reclaim and stats intervals all keep their defaults;
-    no `EVENT_ROUTER_*` variable of the calling environment leaks in.
+    name (POD_NAME's role). Group, channel prefix, read count and block, lease TTL and renew,
+    reclaim and stats intervals all keep their defaults; no `EVENT_ROUTER_*` variable of the
+    calling environment leaks in. The families are the default's scan one alone: the load is
+    scan jobs, and the default chat family's shards would only spread the leases over shards
+    that hold nothing (a worker killed there would hold no entry to take over).
     """
     env = {
         k: v
@@ -77,6 +79,7 @@ def default_worker_env(streams_url: str, pubsub_url: str, name: str) -> dict[str
         EVENT_ROUTER_CONSUMER_NAME=name,
         EVENT_ROUTER_HTTP_HOST="127.0.0.1",
         EVENT_ROUTER_HTTP_PORT="0",
+        EVENT_ROUTER_STREAMS="scan:events=4",
     )
     return env
 
@@ -225,7 +228,10 @@ async def entries_held_by(redis: Redis, consumer: str) -> list[HeldEntry]:
             pipe.hget(f"{SCAN.domain}:applied:{job_id}", str(seq))
         applied_by = await pipe.execute()
     return [
-        HeldEntry(stream, entry_id, job_id, seq, by == entry_id.encode())
+        # A marker is "<entry id> <the fields it was published with>".
+        HeldEntry(
+            stream, entry_id, job_id, seq, by is not None and by.split(b" ")[0] == entry_id.encode()
+        )
         for (stream, entry_id, job_id, seq), by in zip(entries, applied_by, strict=True)
     ]
 

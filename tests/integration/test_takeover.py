@@ -78,7 +78,7 @@ def figures(
 
 def test_the_documented_defaults_are_the_streams_group_and_channels_the_checks_read() -> None:
     fields = Settings.model_fields
-    assert fields["streams"].default == (SCAN,)
+    assert fields["streams"].default[0] == SCAN
     assert fields["consumer_group"].default == GROUP
     assert fields["channel_prefix"].default == CHANNEL_PREFIX
     assert (fields["lease_ttl_ms"].default, fields["lease_renew_ms"].default) == (4000, 1000)
