@@ -183,7 +183,7 @@ class TestFailover:
         async with sharded_feed(redis_cluster, health) as (feed, broadcaster):
             viewer = await feed.subscribe("scan", "job-1")
             await broadcaster.publish([encoded(job_id="job-1", seq=1)])
-            assert getattr(await viewer.next(5.0), "seq", None) == 1
+            assert getattr(await viewer.next(5.0), "event_id", None) == 1
 
             shared_cluster.broken = True
             old = redis_cluster.master_for_slot(key_slot("sse:events:job-1"))
@@ -192,7 +192,7 @@ class TestFailover:
 
             assert isinstance(await viewer.next(15.0), FeedGap)
             await _publish_until_accepted(broadcaster, 2)
-            assert getattr(await viewer.next(5.0), "seq", None) == 2
+            assert getattr(await viewer.next(5.0), "event_id", None) == 2
             assert health.checks() == {"feed": "ok"}
             await viewer.close()
 

@@ -86,7 +86,7 @@ class TestFailover:
         try:
             viewer = await feed.subscribe("scan", "job-1")
             await broadcaster.publish([encoded(job_id="job-1", seq=1)])
-            assert getattr(await viewer.next(5.0), "seq", None) == 1
+            assert getattr(await viewer.next(5.0), "event_id", None) == 1
 
             shared_sentinel.broken = True
             old = sentinel_group.kill_master()
@@ -102,7 +102,7 @@ class TestFailover:
                         break
                     except Exception:
                         await asyncio.sleep(0.2)
-            assert getattr(await viewer.next(5.0), "seq", None) == 2
+            assert getattr(await viewer.next(5.0), "event_id", None) == 2
             assert health.checks() == {"feed": "ok"}
             await viewer.close()
         finally:

@@ -45,6 +45,8 @@ class TestRoutingByTheWorker:
         received = subscriber.for_job("scan-42")
         assert [p["seq"] for p in received] == [1, 2, 3, 4, 5]
         assert received[2] == {
+            "event_id": 3,
+            "prev_event_id": 2,
             "job_id": "scan-42",
             "seq": 3,
             "stage": "scanning",
@@ -55,7 +57,14 @@ class TestRoutingByTheWorker:
         }
         assert [p["stream_id"] for p in received] == ids
         assert subscriber.for_job("chat-7") == [
-            {"job_id": "chat-7", "seq": 1, "status": "done", "stream_id": chat_id, "domain": "chat"}
+            {
+                "event_id": 1,
+                "job_id": "chat-7",
+                "seq": 1,
+                "status": "done",
+                "stream_id": chat_id,
+                "domain": "chat",
+            }
         ]
         assert await job_state(streams_redis, "scan-42") == received[-1]
         assert await eventually(lambda: _nothing_pending(streams_redis), what="all acked")
