@@ -459,6 +459,18 @@ class ChatRig:
                         found.append((job, attempt, int(fields[b"seq"])))
         return found
 
+    async def applied_tokens(
+        self, tokens: list[tuple[str, int, int]]
+    ) -> list[tuple[str, int, int]]:
+        """Of `tokens`, those already in their job's text (a pending entry may be read and not
+        yet applied: its router is stuck in an earlier batch's publish)."""
+        applied = []
+        for job, attempt, seq in tokens:
+            known = await self.redis.hmget(f"{CHAT.domain}:text_state:{job}", "attempt", "seq")
+            if known[0] is not None and int(known[0]) == attempt and int(known[1]) >= seq:
+                applied.append((job, attempt, seq))
+        return applied
+
     def published_tokens(self) -> set[tuple[str, int, int]]:
         """(job id, attempt, seq) of every token heard on Pub/Sub."""
         return {
