@@ -178,15 +178,17 @@ async def _chat_shards_shared(rig: ChatRig, workers: set[str]) -> bool:
 async def _catch_publishing_tokens(
     rig: ChatRig, router: WorkerProcess, relay: TcpRelay, tries: int = 5
 ) -> list[tuple[str, int, int]]:
-    """Freeze `router`'s Pub/Sub connection until it holds tokens it has read and applied (it
-    is stuck in their publish), for `PILE_UP_S` more; those tokens (none: never caught). A
-    batch without an applied token of an answer's last attempt (one a retry will replace) is
-    let through, and the next one tried."""
+    """Freeze `router`'s Pub/Sub connection until it holds tokens it has read and applied and
+    not published (it is stuck in their publish), for `PILE_UP_S` more; those tokens (none:
+    never caught). A batch without such a token of an answer's last attempt (one a retry
+    will replace) is let through, and the next one tried."""
     for _ in range(tries):
         relay.set_mode(Mode.FREEZE)
         if await until(lambda: _holding(rig, router), timeout_s=10, every_s=0.01):
             await asyncio.sleep(PILE_UP_S)
-            tokens = await rig.applied_tokens(await rig.pending_tokens_of(router.name))
+            applied = await rig.applied_tokens(await rig.pending_tokens_of(router.name))
+            # Published and not yet acked (its ack rides on the next read) does not count.
+            tokens = [t for t in applied if t not in rig.published_tokens()]
             if tokens:
                 return tokens
         relay.set_mode(Mode.PASS)
