@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 
 from eco_router import __version__
 from eco_router.adapters.redaction import hide_access_log_tokens
+from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
+from eco_router.application.ports import EventFeed
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
@@ -58,11 +60,14 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
             )
         async with RouterRunner(container, route=route) as runner:
             app.state.runner = runner
+            # Kept for `end_streams`, whichever adapter serves the feed: the Redis one is a
+            # Resource the runner has opened, the in-memory one a plain singleton.
+            app.state.event_feed = await resolve(container.event_feed())
+            app.state.demo_jobs = demo_jobs = await resolve(container.start_demo_job())
             settle_garbage_collector()
             try:
                 yield
             finally:
-                demo_jobs = await resolve(container.start_demo_job())
                 await demo_jobs.aclose()
 
     hide_access_log_tokens()
@@ -133,13 +138,17 @@ def create_ops_app(container: Container) -> FastAPI:
 
 
 async def end_streams(app: FastAPI) -> None:
-    """Shutting down: end every open SSE stream now; clients resume on another process.
+    """Shutting down: stop the demo jobs, then end every open SSE stream now; clients resume
+    on another process.
 
     Streams do not end by themselves, so the server would otherwise wait out its graceful
-    shutdown timeout and then cut them.
+    shutdown timeout and then cut them. The demo jobs are stopped (cancelled and awaited)
+    first, so that none of their events races a stream's end.
     """
+    demo_jobs: StartDemoJob | None = getattr(app.state, "demo_jobs", None)
+    if demo_jobs is not None:
+        await demo_jobs.aclose()
     console_routes.end_streams(app)
-    container: Container = app.state.container
-    if container.event_feed.initialized:
-        feed = await resolve(container.event_feed())
+    feed: EventFeed | None = getattr(app.state, "event_feed", None)
+    if feed is not None:
         feed.close_viewers()
