@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDeadLetters
+from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
@@ -214,6 +215,26 @@ class SessionRequest(BaseModel):
     """An admin token to keep in the token cookie, for the page's EventSource."""
 
     token: str = Field(min_length=1, max_length=4096)
+
+
+@router.get("/api/session", dependencies=[Enabled])
+@inject
+async def session(
+    request: Request,
+    settings: Settings = Config,
+    gate: AdminAuthorizer = Depends(Provide[Container.admin_authorizer]),  # noqa: B008
+) -> Response:
+    """Whether this request's credentials open the console, always answered 200: the page asks
+    on load, and a visitor who has not signed in yet is expected, not an error."""
+    token = bearer_token(request, settings.jwt_cookie)
+    try:
+        gate.authorize_admin(token)
+    except (Unauthorized, Forbidden) as error:
+        # No token is the first visit (nothing to say); a refused one is a session that ended.
+        detail = str(error) if token else None
+        return _json({"signed_in": False, "detail": detail, "token_required": True})
+    required = isinstance(gate, JwtAdminAuthorizer)
+    return _json({"signed_in": True, "detail": None, "token_required": required})
 
 
 @router.post("/api/session", status_code=204, dependencies=[Enabled])
