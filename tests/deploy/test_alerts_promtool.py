@@ -13,6 +13,7 @@ from tests.deploy.monitoring_support import (
     PROMTOOL_TESTS,
     RULE_FILE,
     operations_anchors,
+    prometheus_tool,
     rules,
     write_rules_file,
 )
@@ -20,9 +21,7 @@ from tests.deploy.monitoring_support import (
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool") or "/usr/bin/promtool"
-    assert Path(found).is_file(), "promtool is missing: `make prometheus` installs it"
-    return found
+    return prometheus_tool("promtool")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
