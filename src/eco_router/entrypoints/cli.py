@@ -1,82 +1,99 @@
-"""The `eco-router` command."""
+"""The `eco-router` command.
+
+Only the argument parser is imported at start: each command imports what it needs when it
+runs (the web stack for `serve` and `worker`, Redis for the operator commands, JWT for
+`token`), so `--version`, `--help` and the operator commands start quickly.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
-import socket
 import sys
-from collections.abc import Awaitable, Callable, Generator, Sequence
-
-import uvicorn
-from redis.exceptions import RedisError
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from eco_router import __version__
-from eco_router.adapters.redaction import redact_url
-from eco_router.application.errors import PortError
-from eco_router.domain.progress import InvalidProgressEvent, StagePlan, Status
-from eco_router.entrypoints import event_loop
-from eco_router.entrypoints import operator_commands as commands
-from eco_router.entrypoints.container import build_container
+from eco_router.domain.parsing import JOB_ID_PATTERN
+from eco_router.domain.progress import StagePlan, Status
 from eco_router.entrypoints.exit_codes import ExitCode
-from eco_router.entrypoints.http.app import create_app, end_streams
-from eco_router.entrypoints.http.server_config import server_config
-from eco_router.entrypoints.logging_setup import configure_logging
-from eco_router.entrypoints.operator_commands import UsageError
-from eco_router.entrypoints.settings import (
-    ConfigError,
-    Settings,
-    load_settings,
-    unknown_variables,
-)
-from eco_router.entrypoints.startup_checks import (
-    StartupFailure,
-    cause,
-    check_redis_servers,
-    listening_socket,
-)
-from eco_router.entrypoints.worker import serve
+from eco_router.entrypoints.startup_log import log_start
+
+if TYPE_CHECKING:
+    from eco_router.entrypoints.discovery import ServerChoice
+    from eco_router.entrypoints.operator_commands import Server
+    from eco_router.entrypoints.settings import Settings
+
+__all__ = ["log_start", "main"]
 
 log = logging.getLogger("eco_router")
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _STAGES_HELP = (
     f"the domain's stage order, comma-separated (default: {','.join(StagePlan().stages)})"
 )
+_OPERATOR_COMMANDS = frozenset({"publish", "demo", "state", "dlq", "status"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "serve" and args.in_memory and args.no_router:
-        # In-memory streams live in this process only: nothing else could route them.
-        parser.error("serve: --no-router needs Redis, it cannot be combined with --in-memory")
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        if args.in_memory and args.no_router:
+            # In-memory streams live in this process only: nothing else could route them.
+            args.command_parser.error(
+                "--no-router needs Redis, it cannot be combined with --in-memory"
+            )
+        if args.in_memory and args.embedded_redis:
+            args.command_parser.error(
+                "--embedded-redis and --in-memory are two ways to run without a Redis of "
+                "your own: choose one"
+            )
+    if args.command == "token":
+        return _token(args)
     try:
-        settings = load_settings()
-    except ConfigError as error:
-        for line in str(error).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return ExitCode.CONFIGURATION
-    configure_logging(settings.log_level)
-    for warning in unknown_variables(os.environ):
-        log.warning("%s", warning)
+        return _run(args)
+    except KeyboardInterrupt:
+        return 128 + 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from redis.exceptions import RedisError
+
+    from eco_router.application.errors import PortError
+    from eco_router.domain.progress import InvalidProgressEvent
+    from eco_router.entrypoints.discovery import InMemoryServeOnly
+    from eco_router.entrypoints.operator_commands import UsageError
+    from eco_router.entrypoints.startup_checks import StartupFailure
+
+    choice = None
     try:
+        if args.command in _OPERATOR_COMMANDS:
+            choice = _server_choice()
+        settings = _settings(choice)
+        if settings is None:
+            return ExitCode.CONFIGURATION
         if args.command == "worker":
-            return _worker(settings)
+            from eco_router.entrypoints.serve_command import run_worker
+
+            return run_worker(settings)
         if args.command == "serve":
-            return _serve(
+            from eco_router.entrypoints.serve_command import run_serve
+
+            return run_serve(
                 settings,
                 host=args.host,
                 port=args.port,
                 in_memory=args.in_memory,
+                embedded_redis=args.embedded_redis,
                 route=not args.no_router,
                 demo=args.demo,
             )
-        return _operator(settings, args)
+        assert choice is not None
+        return _operator(settings, args, _server(settings, choice))
+    except InMemoryServeOnly as error:
+        print(f"eco-router {_command_name(args)}: {error}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
     except StartupFailure as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
@@ -88,9 +105,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.ERROR
 
 
-def _operator(settings: Settings, args: argparse.Namespace) -> int:
+def _server_choice() -> ServerChoice:
+    """The server the operator commands talk to: the environment's, or a running
+    `serve --embedded-redis`'s."""
+    from eco_router.entrypoints.discovery import choose_server, discovery_dir, live_records
+
+    return choose_server(os.environ, live_records(discovery_dir()))
+
+
+def _settings(choice: ServerChoice | None) -> Settings | None:
+    """The settings, logging configured; None once the configuration errors are printed."""
+    from eco_router.entrypoints.logging_setup import configure_logging
+    from eco_router.entrypoints.settings import ConfigError, load_settings, unknown_variables
+
+    overrides: dict[str, object] = {}
+    if choice is not None and choice.discovered:
+        overrides = {"redis_streams_url": choice.streams_url, "redis_pubsub_url": choice.pubsub_url}
     try:
-        code = asyncio.run(_operator_command(settings, args))
+        settings = load_settings(**overrides)
+    except ConfigError as error:
+        for line in str(error).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return None
+    configure_logging(settings.log_level)
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
+    return settings
+
+
+def _server(settings: Settings, choice: ServerChoice) -> Server:
+    from eco_router.adapters.redaction import redact_url
+    from eco_router.entrypoints.operator_commands import Server
+
+    return Server(url=redact_url(settings.redis_streams_url), via=choice.via)
+
+
+def _token(args: argparse.Namespace) -> int:
+    from eco_router.entrypoints.token_command import TokenRefused, mint
+
+    settings = _settings(None)
+    if settings is None:
+        return ExitCode.CONFIGURATION
+    try:
+        token = mint(
+            settings,
+            jobs=args.jobs,
+            domain=args.domain,
+            admin=args.admin,
+            ttl_s=args.ttl,
+        )
+    except TokenRefused as error:
+        print(f"eco-router token: {error}", file=sys.stderr)
+        return error.exit_code
+    print(token)
+    return ExitCode.OK
+
+
+def _operator(settings: Settings, args: argparse.Namespace, server: Server) -> int:
+    from redis.exceptions import RedisError
+
+    from eco_router.application.errors import PortError
+    from eco_router.entrypoints.startup_checks import cause
+
+    try:
+        code = asyncio.run(_operator_command(settings, args, server))
         # Flushed here, so a closed pipe is met below and not in Python's exit.
         sys.stdout.flush()
     except BrokenPipeError:
@@ -112,8 +190,18 @@ def _command_name(args: argparse.Namespace) -> str:
     return f"dlq {args.dlq_command}" if args.command == "dlq" else str(args.command)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """A parser whose errors are one line, `eco-router publish: error: ...`, with a pointer to
+    --help instead of the whole usage block; its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            ExitCode.CONFIGURATION, f"{self.prog}: error: {message} (see {self.prog} --help)\n"
+        )
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
         prog="eco-router",
         description="Routes job-progress events from Redis Streams to Pub/Sub.",
         epilog="Settings come from the environment (docs/CONFIGURATION.md). Exit status: 0 "
@@ -139,7 +227,14 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--in-memory",
         action="store_true",
-        help="use in-memory adapters instead of Redis (nothing is persisted)",
+        help="use in-memory adapters instead of Redis (nothing is persisted; the operator "
+        "commands cannot reach them)",
+    )
+    serve_cmd.add_argument(
+        "--embedded-redis",
+        action="store_true",
+        help="start a private redis-server (loopback, nothing persisted, stopped with serve) "
+        "as both servers; the operator commands in another terminal find it",
     )
     serve_cmd.add_argument(
         "--no-router",
@@ -152,6 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         help="let the page at / start demo jobs (POST /api/v1/demo/jobs)",
     )
     _add_operator_commands(commands)
+    _add_token_command(commands)
     return parser
 
 
@@ -164,18 +260,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str
-) -> argparse.ArgumentParser:
-    return commands.add_parser(
+def _command(commands: argparse._SubParsersAction[_Parser], name: str, summary: str) -> _Parser:
+    parser = commands.add_parser(
         name, help=summary, description=summary, formatter_class=_HelpFormatter
     )
+    # Lets a check made after parsing report as this command's own error.
+    parser.set_defaults(command_parser=parser)
+    return parser
 
 
-def _add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_operator_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     publish = _command(commands, "publish", "publish one job-progress event")
     publish.add_argument("--domain", default="scan", help="the stream family's domain")
-    publish.add_argument("--job", required=True, help="the job id")
+    publish.add_argument("--job", required=True, type=_job_id, help="the job id")
     publish.add_argument("--stage", required=True, help="the stage name, e.g. vision")
     publish.add_argument(
         "--status",
@@ -184,8 +281,8 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
         help="the stage's status (tokens: the producer SDK's publish_tokens)",
     )
     publish.add_argument("--result", help='a JSON value, e.g. \'{"label": "cat"}\'')
-    publish.add_argument("--progress", type=int, help="percent done, 0-100")
-    publish.add_argument("--seq", type=int, help="override the deterministic seq")
+    publish.add_argument("--progress", type=_integer, help="percent done, 0-100")
+    publish.add_argument("--seq", type=_integer, help="override the deterministic seq")
     publish.add_argument("--stages", help=_STAGES_HELP)
 
     demo = _command(commands, "demo", "simulate workers running whole pipelines")
@@ -195,7 +292,7 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
     demo.add_argument("--stages", help=_STAGES_HELP)
 
     state = _command(commands, "state", "show a job's state snapshot and history")
-    state.add_argument("job", help="the job id")
+    state.add_argument("job", type=_job_id, help="the job id")
     state.add_argument("--domain", default="scan", help="the stream family's domain")
     state.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
 
@@ -219,11 +316,40 @@ def _add_operator_commands(commands: argparse._SubParsersAction[argparse.Argumen
     status.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
 
 
-async def _operator_command(settings: Settings, args: argparse.Namespace) -> int:
+def _add_token_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    token = _command(
+        commands,
+        "token",
+        "print a token signed with EVENT_ROUTER_JWT_SECRET: a viewer's (the SSE streams of "
+        "--job, or of every job of --domain) or, with --admin, the console's",
+    )
+    token.add_argument(
+        "--job",
+        action="append",
+        dest="jobs",
+        type=_job_id,
+        default=[],
+        metavar="ID",
+        help="a job the token opens (repeat for more); without it, every job of --domain",
+    )
+    token.add_argument(
+        "--domain",
+        help="the jobs' domain, or * for every domain (default: scan)",
+    )
+    token.add_argument("--admin", action="store_true", help="an admin token, for the console")
+    token.add_argument(
+        "--ttl", type=_positive_int, default=3600, help="seconds until the token expires"
+    )
+
+
+async def _operator_command(settings: Settings, args: argparse.Namespace, server: Server) -> int:
+    from eco_router.entrypoints import operator_commands as commands
+
     out = sys.stdout
     if args.command == "publish":
         return await commands.publish(
             settings,
+            server,
             domain=args.domain,
             job=args.job,
             stage=args.stage,
@@ -237,6 +363,7 @@ async def _operator_command(settings: Settings, args: argparse.Namespace) -> int
     if args.command == "demo":
         return await commands.demo(
             settings,
+            server,
             domain=args.domain,
             jobs=args.jobs,
             rate=args.rate,
@@ -245,15 +372,33 @@ async def _operator_command(settings: Settings, args: argparse.Namespace) -> int
         )
     if args.command == "state":
         return await commands.state(
-            settings, domain=args.domain, job=args.job, as_json=args.as_json, out=out
+            settings, server, domain=args.domain, job=args.job, as_json=args.as_json, out=out
         )
     if args.command == "status":
-        return await commands.status(settings, as_json=args.as_json, out=out)
+        return await commands.status(settings, server, as_json=args.as_json, out=out)
     if args.dlq_command == "list":
-        return await commands.dlq_list(settings, domain=args.domain, count=args.count, out=out)
+        return await commands.dlq_list(
+            settings, server, domain=args.domain, count=args.count, out=out
+        )
     return await commands.dlq_replay(
-        settings, domain=args.domain, ids=args.ids, replay_all=args.replay_all, out=out
+        settings, server, domain=args.domain, ids=args.ids, replay_all=args.replay_all, out=out
     )
+
+
+def _job_id(text: str) -> str:
+    """A job id as the producer accepts it (the same message as the producer's)."""
+    if JOB_ID_PATTERN.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"job_id {text!r} must be 1-128 characters of [A-Za-z0-9_.:-]"
+        )
+    return text
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _positive_int(text: str) -> int:
@@ -276,118 +421,6 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65_535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
     return int(text)
-
-
-def _worker(settings: Settings) -> int:
-    log_start("worker", settings)
-    container = build_container(settings)
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await check_redis_servers(settings)
-        await serve(container, stop)
-
-    event_loop.run(run(), settings.event_loop)
-    log.info("worker stopped")
-    return ExitCode.OK
-
-
-def _serve(
-    settings: Settings, *, host: str, port: int, in_memory: bool, route: bool, demo: bool
-) -> int:
-    sock = listening_socket(host, port)
-    try:
-        return _serve_on(sock, settings, host=host, in_memory=in_memory, route=route, demo=demo)
-    finally:
-        sock.close()
-
-
-def _serve_on(
-    sock: socket.socket,
-    settings: Settings,
-    *,
-    host: str,
-    in_memory: bool,
-    route: bool,
-    demo: bool,
-) -> int:
-    if in_memory:
-        log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
-    else:
-        log_start("serve", settings)
-        asyncio.run(check_redis_servers(settings))
-    if not route:
-        log.info("serving SSE only: events are routed by eco-router worker processes")
-    container = build_container(settings, in_memory=in_memory, route=route)
-    app = create_app(container, route=route, demo=demo)
-    port = int(sock.getsockname()[1])
-    if settings.console:
-        log.info(
-            "open http://%s:%d/ in a browser; the operator console is at http://%s:%d/console",
-            host,
-            port,
-            host,
-            port,
-        )
-    else:
-        log.info("open http://%s:%d/ in a browser", host, port)
-    config = server_config(app, settings, host=host, port=port)
-    server = _GatewayServer(config, before_shutdown=lambda: end_streams(app))
-    server.run(sockets=[sock])
-    # uvicorn has logged why it could not start.
-    return ExitCode.OK if server.started else ExitCode.UNREACHABLE
-
-
-class _GatewayServer(uvicorn.Server):
-    """uvicorn that ends with exit status 0 after a graceful shutdown on SIGTERM or SIGINT.
-
-    uvicorn's own handlers re-raise the signal once it has shut down, so the process would die
-    of it (status 143 for SIGTERM) after draining; the worker exits 0, and so should this.
-    Open SSE streams are ended as the shutdown begins (`before_shutdown`), once no new
-    connection is accepted.
-    """
-
-    def __init__(
-        self, config: uvicorn.Config, *, before_shutdown: Callable[[], Awaitable[None]]
-    ) -> None:
-        super().__init__(config)
-        self._before_shutdown = before_shutdown
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for server in self.servers:
-            server.close()
-        await self._before_shutdown()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                if handler is not None:
-                    signal.signal(sig, handler)
-
-
-def log_start(command: str, settings: Settings) -> None:
-    log.info(
-        "%s: streams %s, pubsub %s, families %s, group %s, consumer %s",
-        command,
-        redact_url(settings.redis_streams_url),
-        redact_url(settings.pubsub_url),
-        ",".join(f"{f.prefix}={f.shards}" for f in settings.streams),
-        settings.consumer_group,
-        settings.consumer_name,
-    )
-    if settings.order_wait_ms is not None:
-        log.warning(
-            "EVENT_ROUTER_ORDER_WAIT_MS is no longer used: each shard has one holder at a "
-            "time (leases), which keeps every job's events in stream order"
-        )
 
 
 if __name__ == "__main__":

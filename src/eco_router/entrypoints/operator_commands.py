@@ -8,34 +8,43 @@ import signal
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import orjson
-from redis.exceptions import RedisError
-
-from eco_router.adapters.progress_entries import ProducerConfig
-from eco_router.adapters.redis.connection import RedisClient, open_redis
-from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
-from eco_router.adapters.redis.lease_store import RedisLeaseStore
-from eco_router.adapters.redis.publisher import AsyncStreamPublisher
-from eco_router.adapters.redis.slots import nodes_of
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
-from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
-from eco_router.application.messages import GroupView, ShardStats
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.progress import StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
-from eco_router.entrypoints.settings import Settings
-from eco_router.entrypoints.startup_checks import connection_failure
 from eco_router.entrypoints.terminal_text import plural, printable
+
+# The Redis adapters are imported by the commands that use them: each costs tens of
+# milliseconds of start-up, which every command would otherwise pay for all of them.
+if TYPE_CHECKING:
+    from eco_router.adapters.progress_entries import ProducerConfig
+    from eco_router.adapters.redis.connection import RedisClient
+    from eco_router.application.demo_jobs import DemoTally
+    from eco_router.application.messages import GroupView, ShardStats
+    from eco_router.entrypoints.settings import Settings
 
 
 class UsageError(Exception):
     """A command-line argument the command cannot use; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """The streams server a command talks to, as the operator is shown it."""
+
+    url: str  # redacted: no password
+    via: str  # why this one: the variable that names it, or the serve that runs it
+
+    def line(self) -> str:
+        return f"streams redis: {self.url} ({self.via})"
+
+    def as_json(self) -> dict[str, str]:
+        return {"url": self.url, "via": self.via}
 
 
 def family_for(settings: Settings, domain: str) -> StreamFamily:
@@ -48,6 +57,8 @@ def family_for(settings: Settings, domain: str) -> StreamFamily:
 
 
 def producer_config(settings: Settings, domain: str, stages: str | None) -> ProducerConfig:
+    from eco_router.adapters.progress_entries import ProducerConfig
+
     plan = StagePlan(tuple(s.strip() for s in stages.split(","))) if stages else StagePlan()
     return ProducerConfig(
         family=family_for(settings, domain),
@@ -61,6 +72,11 @@ def producer_config(settings: Settings, domain: str, stages: str | None) -> Prod
 async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
     """A client of the streams server that answered PING; else the `StartupFailure` that
     `worker` and `serve` stop with (same line, same exit status)."""
+    from redis.exceptions import RedisError
+
+    from eco_router.adapters.redis.connection import open_redis
+    from eco_router.entrypoints.server_checks import unreachable
+
     url = settings.redis_streams_url
     async with open_redis(
         url, socket_timeout_s=10.0, client_name="eco-router-cli", ping=False
@@ -68,12 +84,13 @@ async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
         try:
             await client.ping()
         except (RedisError, OSError) as error:
-            raise connection_failure("streams", url, error) from error
+            raise unreachable("streams", url, error) from error
         yield client
 
 
 async def publish(
     settings: Settings,
+    server: Server,
     *,
     domain: str,
     job: str,
@@ -94,17 +111,21 @@ async def publish(
             raise UsageError(f"--result is not JSON: {error}") from error
     # Validate before connecting: bad input never reaches Redis.
     config.call(job, stage, status, result=decoded, progress=progress, seq=seq)
+    from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+
     async with streams_client(settings) as client:
         publisher = AsyncStreamPublisher(client, config)
         entry_id = await publisher.publish_stage_event(
             job, stage, status, result=decoded, progress=progress, seq=seq
         )
+    say(server.line(), out)
     say(f"{config.family.stream_for(job)} {entry_id}", out)
     return 0
 
 
 async def demo(
     settings: Settings,
+    server: Server,
     *,
     domain: str,
     jobs: int,
@@ -112,10 +133,14 @@ async def demo(
     stages: str | None,
     out: TextIO,
 ) -> int:
+    from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+    from eco_router.application.demo_jobs import RunDemoJobs
+
     config = producer_config(settings, domain, stages)
     stop = _stop_on_signals()
     live = _LiveLine(out)
     async with streams_client(settings) as client:
+        live.note(server.line())
         publisher = _FailuresNoted(AsyncStreamPublisher(client, config))
         run = RunDemoJobs(publisher=publisher, stages=config.plan.stages, rate=rate)
         tally = await run(
@@ -171,7 +196,13 @@ class _FailuresNoted(ProgressPublisher):
         )
 
 
-async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out: TextIO) -> int:
+async def state(
+    settings: Settings, server: Server, *, domain: str, job: str, as_json: bool, out: TextIO
+) -> int:
+    import orjson
+
+    from eco_router.adapters.redis.state_store import RedisLuaStateStore
+
     family_for(settings, domain)
     async with streams_client(settings) as client:
         store = RedisLuaStateStore(
@@ -186,10 +217,12 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
     snapshot = orjson.loads(view.state) if view.state else None
     history = [orjson.loads(p) for p in view.history]
     if as_json:
-        say(json.dumps({"state": snapshot, "history": history}, ensure_ascii=False), out)
+        shown = {"state": snapshot, "history": history, "streams_redis": server.as_json()}
+        say(json.dumps(shown, ensure_ascii=False), out)
         return 0 if snapshot is not None else 1
+    say(server.line(), out)
     if snapshot is None:
-        say(f"no state for {domain} job {job!r} (unknown or expired)", out)
+        say(f"no state for {domain} job {job!r} on {server.url} (unknown or expired)", out)
         return 1
     say(f"{domain} job {job}: {_line(snapshot)}", out)
     say(f"history ({plural(len(history), 'event')}):", out)
@@ -198,13 +231,18 @@ async def state(settings: Settings, *, domain: str, job: str, as_json: bool, out
     return 0
 
 
-async def dlq_list(settings: Settings, *, domain: str, count: int, out: TextIO) -> int:
+async def dlq_list(
+    settings: Settings, server: Server, *, domain: str, count: int, out: TextIO
+) -> int:
+    from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
+
     family = family_for(settings, domain)
     async with streams_client(settings) as client:
         archive = RedisDeadLetterArchive(client)
         letters = await archive.oldest(family, count=count)
         # Counted only when the listing is full, so a short listing costs no second command.
         total = (await archive.tally(family)).count if len(letters) == count else len(letters)
+    say(server.line(), out)
     if not letters:
         say(f"{family.dead_letter_stream} is empty", out)
     for letter in letters:
@@ -224,6 +262,7 @@ async def dlq_list(settings: Settings, *, domain: str, count: int, out: TextIO) 
 
 async def dlq_replay(
     settings: Settings,
+    server: Server,
     *,
     domain: str,
     ids: list[str],
@@ -234,6 +273,8 @@ async def dlq_replay(
     """Replay dead letters; when an id is not found, say so for each and replay nothing."""
     if replay_all == bool(ids):
         raise UsageError("give dead-letter ids or --all, not both and not neither")
+    from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
+
     family = family_for(settings, domain)
     async with streams_client(settings) as client:
         try:
@@ -241,20 +282,26 @@ async def dlq_replay(
                 family, None if replay_all else ids
             )
         except MissingDeadLetters as error:
+            say(f"eco-router dlq replay: {server.line()}", err or sys.stderr)
             for problem in error.missing:
                 say(f"eco-router dlq replay: {problem}", err or sys.stderr)
             say("eco-router dlq replay: nothing replayed", err or sys.stderr)
             return 2
         except ValueError as error:
             raise UsageError(str(error)) from error
+    say(server.line(), out)
     for item in replayed:
         say(f"{item.dlq_id} -> {item.stream} {item.new_id}", out)
     say(f"replayed {plural(len(replayed), 'dead letter')}", out)
     return 0
 
 
-async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
+async def status(settings: Settings, server: Server, *, as_json: bool, out: TextIO) -> int:
     """The live routers and, per shard, its holder, lease and the group's lag and pending."""
+    from eco_router.adapters.redis.event_source import RedisStreamEventSource
+    from eco_router.adapters.redis.lease_store import RedisLeaseStore
+    from eco_router.adapters.redis.slots import nodes_of
+
     async with streams_client(settings) as client:
         leases = RedisLeaseStore(
             client,
@@ -273,8 +320,9 @@ async def status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
         nodes = nodes_of(client, (s.stream for s in stats))
     report = _status_report(settings.consumer_group, view, stats, nodes)
     if as_json:
-        say(json.dumps(report, ensure_ascii=False), out)
+        say(json.dumps({**report, "streams_redis": server.as_json()}, ensure_ascii=False), out)
     else:
+        say(server.line(), out)
         for line in _status_lines(report):
             say(line, out)
     return 0
