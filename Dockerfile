@@ -6,6 +6,10 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
 
+# A build machine's own pip settings (a proxy's CA bundle, a local index), mounted at build time
+# by `make image` with podman; this stage is discarded, so they never reach the image.
+ARG PIP_CONFIG_FILE
+
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 

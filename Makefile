@@ -136,13 +136,35 @@ reliability-report: venv-test redis-server
 	$(BIN)/python -m tests.faults.report
 
 # The container image (Dockerfile) with the first engine that answers: docker, then podman.
-# IMAGE=registry.example/eco-router:tag names it; ENGINE=podman picks one.
+# IMAGE=registry.example/eco-router:tag names it; ENGINE=podman picks one. PYTHON_IMAGE=… builds
+# on another base than python:3.11-slim-bookworm; STAND_IN=1 on the stand-in made from Debian's
+# packages (`make stand-in-base`), where no image registry is reachable. With podman, the
+# machine's pip settings (a proxy's CA bundle, a local index) are lent to the build and kept out
+# of the image (deploy/podman/host_pip.py), and podman reads deploy/podman/containers.conf unless
+# CONTAINERS_CONF names another file.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= eco-router:$(VERSION)
-ENGINES := $(or $(ENGINE),docker podman)
+# The stand-in base is in podman's storage alone.
+ENGINES := $(or $(ENGINE),$(if $(STAND_IN),podman,docker podman))
+STAND_IN_BASE := localhost/eco-router-base:bookworm
+PYTHON_IMAGE ?= $(if $(STAND_IN),$(STAND_IN_BASE))
+PODMAN_CONF := $(CURDIR)/deploy/podman/containers.conf
 
-image:
-	@engine=""; \
+.PHONY: podman stand-in-base
+
+# podman and what the container tests use (tests/container), from Debian's packages: only the
+# missing ones are installed, and the machine's container configuration is left as it is.
+podman:
+	@deploy/podman/install.sh
+
+# The stand-in base (python3 on Debian bookworm) and Redis images, made with mmdebstrap and
+# kept once made; REBUILD=1 makes them again.
+stand-in-base: podman
+	@deploy/podman/stand-in-base.sh $(if $(REBUILD),--rebuild)
+
+image: $(if $(STAND_IN),stand-in-base)
+	@export CONTAINERS_CONF="$${CONTAINERS_CONF:-$(PODMAN_CONF)}"; \
+	engine=""; \
 	for candidate in $(ENGINES); do \
 		if command -v $$candidate >/dev/null 2>&1 && $$candidate info >/dev/null 2>&1; then \
 			engine=$$candidate; break; \
@@ -153,11 +175,19 @@ image:
 			"daemon or socket answers); the image cannot be built here" >&2; \
 		exit 1; \
 	fi; \
-	echo "building $(IMAGE) with $$engine"; \
+	lent=""; \
+	if [ "$$engine" = podman ]; then \
+		pipdir=$$(mktemp -d); trap 'rm -rf "$$pipdir"' EXIT; \
+		python=$(BIN)/python; [ -x "$$python" ] || python=python3; \
+		lent=$$($$python deploy/podman/host_pip.py "$$pipdir"); \
+	fi; \
+	echo "building $(IMAGE) with $$engine$(if $(PYTHON_IMAGE), on $(PYTHON_IMAGE))"; \
 	$$engine build --tag $(IMAGE) \
 		--build-arg VERSION=$(VERSION) \
-		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+		--build-arg REVISION=$$(git rev-parse --verify --quiet HEAD || echo unknown) \
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+		$(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+		$$lent \
 		.
 
 # Fixes first, so the formatter has the last word on layout.
