@@ -9,7 +9,9 @@ Debian's chromium is driven headless through Playwright, as in test_demo_page.py
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +21,7 @@ from pathlib import Path
 import httpx
 import jwt
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, ViewportSize, expect
 from redis import Redis
 
 from eco_router.domain.streams import StreamFamily
@@ -38,6 +40,8 @@ __all__ = ["browser"]  # the shared chromium fixture, used by the tests below
 SCAN = StreamFamily("scan:events", 4)
 ROUTER = "browser-router"
 SECRET = "browser-console-secret-" + "s" * 41
+PHONE: ViewportSize = {"width": 390, "height": 844}
+DANGER_RED = "rgb(185, 28, 28)"
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,25 @@ def secured_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Consol
 def page(browser: Browser, console_server: ConsoleServer) -> Iterator[Page]:
     """The console, freshly loaded in its own browser context."""
     context = browser.new_context(base_url=console_server.base_url)
+    context.set_default_timeout(JOB_TIMEOUT_MS)
+    opened = context.new_page()
+    opened.goto("/console")
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def fresh_console(tmp_path: Path) -> Iterator[ConsoleServer]:
+    """A console of its own: no dead letter yet, no event but the test's."""
+    with serving_console(tmp_path / "serve.log") as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_page(browser: Browser, fresh_console: ConsoleServer) -> Iterator[Page]:
+    context = browser.new_context(base_url=fresh_console.base_url)
     context.set_default_timeout(JOB_TIMEOUT_MS)
     opened = context.new_page()
     opened.goto("/console")
@@ -223,6 +246,27 @@ class TestDeadLetters:
         assert not [job for job in left if job.startswith("browser-bulk-")]
         assert sum(job.startswith("browser-spare-") for job in left) == 11
 
+    def test_replay_all_is_disabled_and_neutral_while_there_is_nothing_to_replay(
+        self, fresh_page: Page, fresh_console: ConsoleServer
+    ) -> None:
+        page = fresh_page
+        replay_all = page.get_by_role("button", name="Replay all matching")
+        expect(page.locator("#dl-empty")).to_be_visible()
+        expect(page.locator("#dl-count")).to_contain_text("0 in all")
+
+        expect(replay_all).to_be_disabled()
+        assert _background(replay_all) != DANGER_RED
+
+        job = job_on(0, "browser-first-letter")
+        fresh_console.redis.xadd(SCAN.streams[0], {"job_id": job, "seq": "x"})
+        expect(page.locator("#dl-table tbody tr", has_text=job)).to_have_count(1)
+        expect(replay_all).to_be_enabled()
+        # A filter matching nothing leaves nothing to replay again.
+        page.get_by_label("filter dead letters").fill("matches-no-letter")
+        expect(page.locator("#dl-empty")).to_be_visible()
+        expect(replay_all).to_be_disabled()
+        assert _background(replay_all) != DANGER_RED
+
     def test_stored_strings_are_shown_as_text_never_as_markup(
         self, page: Page, console_server: ConsoleServer
     ) -> None:
@@ -316,6 +360,228 @@ class TestSigningIn:
             assert cookie["httpOnly"] is True
         finally:
             context.close()
+
+
+class TestFirstVisit:
+    def test_the_sign_in_card_is_neutral_and_the_browser_logs_no_error(
+        self, browser: Browser, secured_console: ConsoleServer
+    ) -> None:
+        context = browser.new_context(base_url=secured_console.base_url)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            errors = _errors_logged(page)
+            page.goto("/console")
+            expect(page.locator("#signin")).to_be_visible()
+            page.wait_for_load_state("networkidle")
+
+            expect(page.locator("#signin-error")).to_be_hidden()
+            assert page.locator("#signin-error").text_content() == ""
+            assert errors == []
+        finally:
+            context.close()
+
+    def test_a_refusal_shows_its_code_as_code_not_as_backticks(
+        self, browser: Browser, secured_console: ConsoleServer
+    ) -> None:
+        context = browser.new_context(base_url=secured_console.base_url)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            page.goto("/console")
+            page.get_by_label("admin token").fill(_token(jobs=["*"]))
+            page.get_by_role("button", name="Sign in").click()
+
+            refusal = page.locator("#signin-error")
+            expect(refusal).to_contain_text("not an admin token")
+            expect(refusal).not_to_contain_text("`")
+            expect(refusal.locator("code")).to_have_text('"admin": true')
+            assert _colour(refusal) == DANGER_RED
+        finally:
+            context.close()
+
+
+class TestOnAPhone:
+    def test_the_console_fits_the_width_with_every_view_filled(
+        self, browser: Browser, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(1, "browser-phone-" + "long-job-id-" * 4)
+        event = {"job_id": job, "stage": "vision", "status": "started", "progress": "10"}
+        console_server.redis.xadd(SCAN.streams[1], {**event, "seq": "1"})
+        console_server.redis.xadd(SCAN.streams[1], {**event, "seq": "x"})
+        context = browser.new_context(base_url=console_server.base_url, viewport=PHONE)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            page.goto("/console")
+            expect(page.locator("#live")).to_have_attribute("data-state", "live")
+            row = page.locator("#dl-table tbody tr", has_text="browser-phone-")
+            expect(row).to_have_count(1)
+            row.locator("summary").click()
+            page.get_by_label("job id").fill(job)
+            page.get_by_role("button", name="Look up").click()
+            expect(page.locator("#job-history tbody tr")).not_to_have_count(0)
+            page.screenshot(path="/tmp/console-phone.png", full_page=True)
+
+            assert _fits_the_width(page), _widest(page)
+            _assert_the_header_fits(page)
+            # Stacked, a cell still says what it is.
+            expect(row.locator("td.job")).to_be_visible()
+            assert (
+                row.locator("td.job").evaluate("td => getComputedStyle(td, '::before').content")
+                == '"Job"'
+            )
+        finally:
+            context.close()
+
+    def test_the_sign_in_card_fits_the_width(
+        self, browser: Browser, secured_console: ConsoleServer
+    ) -> None:
+        context = browser.new_context(base_url=secured_console.base_url, viewport=PHONE)
+        context.set_default_timeout(JOB_TIMEOUT_MS)
+        try:
+            page = context.new_page()
+            page.goto("/console")
+            expect(page.locator("#signin")).to_be_visible()
+            page.get_by_label("admin token").fill(_token(jobs=["*"]))
+            page.get_by_role("button", name="Sign in").click()
+            expect(page.locator("#signin-error")).to_contain_text("not an admin token")
+            page.screenshot(path="/tmp/console-phone-signin.png", full_page=True)
+
+            assert _fits_the_width(page), _widest(page)
+            _assert_the_header_fits(page)
+        finally:
+            context.close()
+
+
+class TestTheRatesChart:
+    def test_each_domain_charts_its_rates_and_lag_as_snapshots_arrive(
+        self, fresh_page: Page, fresh_console: ConsoleServer
+    ) -> None:
+        page = fresh_page
+        chart = page.locator(".domain[data-domain='scan'] svg.trend")
+        expect(page.locator(".domain[data-domain='chat'] svg.trend")).to_have_count(1)
+        expect(chart).to_have_attribute("role", "img")
+
+        with _publishing(fresh_console.redis):
+            # A rate needs two snapshots; then the in-rate line rises above its zero line.
+            page.wait_for_function(RISEN, arg="scan")
+            expect(chart).to_have_attribute("aria-label", re.compile(r"in [0-9.,]*[1-9][0-9.,]*/s"))
+            page.screenshot(path="/tmp/console-chart.png", full_page=True)
+
+        # The label tells the latest values, those the page shows beside it.
+        label, tiles = page.evaluate(
+            """() => [
+                document.querySelector(".domain[data-domain='scan'] svg.trend")
+                    .getAttribute("aria-label"),
+                ["t-in", "t-out", "t-lag"].map(id => document.getElementById(id).textContent),
+            ]"""
+        )
+        assert f"in {tiles[0]}/s" in label
+        assert f"out {tiles[1]}/s" in label
+        assert f"lag {tiles[2]} " in label
+        assert chart.locator("title").text_content() == label
+        # It keeps up with the polling: more points a moment later.
+        points = _points(page, "scan", "in")
+        page.wait_for_function(
+            "([domain, n]) => " + POINTS + "(domain, 'in').length > n", arg=["scan", len(points)]
+        )
+
+
+# The points of a chart's line, in the SVG's own coordinates.
+POINTS = """((domain, line) => {
+    const path = document.querySelector(`.domain[data-domain='${domain}'] svg.trend path.${line}`);
+    const numbers = (path ? path.getAttribute("d") : "").match(/-?[0-9.]+/g) || [];
+    const points = [];
+    for (let i = 0; i + 1 < numbers.length; i += 2) points.push([+numbers[i], +numbers[i + 1]]);
+    return points;
+})"""
+# Whether the in-rate line has points above the rates panel's zero line.
+RISEN = (
+    "(domain) => { const zero = document.querySelector(`.domain[data-domain='${domain}'] "
+    "svg.trend g.rates line.zero`); return zero !== null && "
+    + POINTS
+    + "(domain, 'in').filter(([, y]) => y < +zero.getAttribute('y1') - 0.5).length >= 2; }"
+)
+
+
+def _points(page: Page, domain: str, line: str) -> list[list[float]]:
+    points: list[list[float]] = page.evaluate(POINTS, [domain, line])
+    return points
+
+
+@contextmanager
+def _publishing(redis: Redis) -> Iterator[None]:
+    """Valid events on every scan shard, about 50 a second, until the block ends."""
+    stop = threading.Event()
+
+    def publish() -> None:
+        n = 0
+        while not stop.is_set():
+            job = f"rate-{n}"
+            redis.xadd(
+                SCAN.stream_for(job), {"job_id": job, "seq": 1, "stage": "vision", "status": "ok"}
+            )
+            n += 1
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _errors_logged(page: Page) -> list[str]:
+    """The page's console messages of type error, as they come."""
+    errors: list[str] = []
+
+    def collect(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
+    page.on("console", collect)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return errors
+
+
+def _background(button: Locator) -> str:
+    colour: str = button.evaluate("b => getComputedStyle(b).backgroundColor")
+    return colour
+
+
+def _colour(node: Locator) -> str:
+    colour: str = node.evaluate("n => getComputedStyle(n).color")
+    return colour
+
+
+def _fits_the_width(page: Page) -> bool:
+    fits: bool = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    return fits
+
+
+def _widest(page: Page) -> list[str]:
+    """What sticks out on the right (for the failure message)."""
+    out: list[str] = page.evaluate(
+        """() => [...document.querySelectorAll("body *")]
+            .filter(n => n.getBoundingClientRect().right > window.innerWidth + 0.5)
+            .slice(0, 8).map(n => n.tagName + "#" + n.id + "." + n.className + " "
+                + Math.round(n.getBoundingClientRect().right))"""
+    )
+    return out
+
+
+def _assert_the_header_fits(page: Page) -> None:
+    """Every item of the header is inside the screen, and it takes at most two short lines."""
+    items = page.locator("header > *:not([hidden]):not(.spacer)")
+    boxes = [items.nth(i).bounding_box() for i in range(items.count())]
+    width = page.evaluate("window.innerWidth")
+    assert all(b is not None and b["x"] >= 0 and b["x"] + b["width"] <= width for b in boxes), boxes
+    header = page.locator("header").bounding_box()
+    assert header is not None
+    assert header["height"] <= 72, header
 
 
 def _wait_until_routed(server: ConsoleServer, job: str, *, events: int) -> None:
