@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
@@ -40,9 +41,15 @@ SUMMARY = re.compile(
 
 
 @pytest.fixture
-def env(streams_server: RedisServer, pubsub_server: RedisServer) -> dict[str, str]:
-    """The environment an operator's shell would have: the servers and the stream families."""
-    return worker_env(streams_server.url, pubsub_server.url)
+def env(streams_server: RedisServer, pubsub_server: RedisServer, tmp_path: Path) -> dict[str, str]:
+    """The environment an operator's shell would have: the servers and the stream families
+    (and a runtime directory of its own, where no other test's serve announces itself)."""
+    return worker_env(streams_server.url, pubsub_server.url, XDG_RUNTIME_DIR=str(tmp_path))
+
+
+def server_line(url: str) -> str:
+    """The first line of a command's text output, naming the server it talks to."""
+    return f"streams redis: {url} (REDIS_STREAMS_URL)"
 
 
 async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +84,9 @@ class TestPublish:
         )
 
         assert done.returncode == 0, done.stderr
-        stream, entry_id = done.stdout.split()
+        where, published = done.stdout.splitlines()
+        assert where == server_line(env["REDIS_STREAMS_URL"])
+        stream, entry_id = published.split()
         assert stream == SCAN.stream_for("job-7")
         [(found_id, fields)] = await streams_redis.xrange(stream)
         assert found_id.decode() == entry_id
@@ -190,7 +199,8 @@ class TestState:
         done = await eco_router(env, "state", "job-7")
 
         assert done.returncode == 0, done.stderr
-        lines = done.stdout.splitlines()
+        where, *lines = done.stdout.splitlines()
+        assert where == server_line(env["REDIS_STREAMS_URL"])
         assert lines[0].startswith("scan job job-7: seq=11  vision/completed  25%")
         assert 'result={"label": "chat 🐈"}' in lines[0]
         assert lines[1] == "history (3 events):"
@@ -207,7 +217,7 @@ class TestState:
         done = await eco_router(env, "state", "job-1")
 
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines()[1] == "history (1 event):"
+        assert done.stdout.splitlines()[2] == "history (1 event):"
 
     async def test_state_json_is_the_snapshot_and_history_as_json(
         self, env: dict[str, str], workers: Workers, streams_redis: Redis
@@ -256,11 +266,38 @@ class TestState:
     async def test_an_unknown_job_exits_1(self, env: dict[str, str], as_json: bool) -> None:
         done = await eco_router(env, "state", *(["--json"] if as_json else []), "nobody")
 
+        url = env["REDIS_STREAMS_URL"]
         assert done.returncode == 1
         if as_json:
-            assert json.loads(done.stdout) == {"state": None, "history": []}
+            assert json.loads(done.stdout) == {
+                "state": None,
+                "history": [],
+                "streams_redis": {"url": url, "via": "REDIS_STREAMS_URL"},
+            }
         else:
-            assert "no state for scan job 'nobody'" in done.stdout
+            assert done.stdout.splitlines() == [
+                server_line(url),
+                f"no state for scan job 'nobody' on {url} (unknown or expired)",
+            ]
+
+    async def test_a_job_id_publish_would_refuse_is_refused_alike_with_exit_2(
+        self, env: dict[str, str]
+    ) -> None:
+        state = await eco_router(env, "state", "bad id")
+        publish = await eco_router(
+            env, "publish", "--job", "bad id", "--stage", "vision", "--status", "started"
+        )
+
+        assert (state.returncode, publish.returncode) == (2, 2)
+        reason = "argument job: job_id 'bad id' must be 1-128 characters of [A-Za-z0-9_.:-]"
+        assert state.stderr.splitlines() == [
+            f"eco-router state: error: {reason} (see eco-router state --help)"
+        ]
+        assert publish.stderr.splitlines() == [
+            "eco-router publish: error: argument --job: job_id 'bad id' must be 1-128 "
+            "characters of [A-Za-z0-9_.:-] (see eco-router publish --help)"
+        ]
+        assert state.stdout == publish.stdout == ""
 
 
 async def _seq_reached(redis: Redis, job_id: str, seq: int) -> bool:
@@ -450,7 +487,10 @@ class TestDeadLetters:
         done = await eco_router(env, "dlq", "list")
 
         assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "scan:events:dlq is empty"
+        assert done.stdout.splitlines() == [
+            server_line(env["REDIS_STREAMS_URL"]),
+            "scan:events:dlq is empty",
+        ]
 
     async def test_replay_of_one_id_puts_the_original_fields_back_and_removes_it(
         self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
@@ -519,6 +559,7 @@ class TestDeadLetters:
         assert done.returncode == 2
         errors = done.stderr.splitlines()
         assert errors == [
+            f"eco-router dlq replay: {server_line(env['REDIS_STREAMS_URL'])}",
             "eco-router dlq replay: 'abc' is not a dead-letter id "
             "(MILLISECONDS-SEQUENCE, as `dlq list` shows)",
             f"eco-router dlq replay: {bare_ms!r} is not a dead-letter id "
@@ -567,7 +608,8 @@ class TestStatus:
         as_json = await eco_router(env, "status", "--json")
 
         assert text.returncode == 0, text.stderr
-        lines = text.stdout.splitlines()
+        where, *lines = text.stdout.splitlines()
+        assert where == server_line(env["REDIS_STREAMS_URL"])
         assert lines[0] == (f"group {GROUP}: 1 router alive, 6/6 shards held, lag 0, pending 0")
         assert re.search(rf"^{worker.name}\s+[0-9.]+ (ms|s)\s+6$", text.stdout, re.MULTILINE)
         rows = shard_rows(text.stdout)
@@ -579,6 +621,10 @@ class TestStatus:
 
         assert as_json.returncode == 0, as_json.stderr
         shown = json.loads(as_json.stdout)
+        assert shown["streams_redis"] == {
+            "url": env["REDIS_STREAMS_URL"],
+            "via": "REDIS_STREAMS_URL",
+        }
         assert shown["group"] == GROUP
         [router] = shown["routers"]
         assert router["name"] == worker.name
@@ -610,7 +656,7 @@ class TestStatus:
         as_json = await eco_router(env, "status", "--json")
 
         assert text.returncode == 0, text.stderr
-        lines = text.stdout.splitlines()
+        lines = text.stdout.splitlines()[1:]
         assert lines[0] == f"group {GROUP}: 0 routers alive, 0/6 shards held, lag 2, pending 1"
         assert "no router alive" in lines
         rows = shard_rows(text.stdout)
@@ -734,6 +780,116 @@ class TestServeStartup:
         match = re.search(r"open (http://127\.0\.0\.1:\d+)/ in a browser", line)
         assert match is not None, line
         assert f"the operator console is at {match.group(1)}/console" in line
+
+
+class HttpOnly:
+    """A port that answers every connection as a web server would: `HTTP/1.1 400`."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> HttpOnly:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+
+class TestNotRedis:
+    @pytest.mark.parametrize(
+        "command",
+        [("status",), ("state", "job-7"), ("serve", "--port", "0"), ("worker",)],
+        ids=["status", "state", "serve", "worker"],
+    )
+    async def test_a_server_that_answers_in_http_is_named_as_not_redis_exit_3(
+        self, env: dict[str, str], command: tuple[str, ...]
+    ) -> None:
+        async with HttpOnly() as http:
+            url = f"redis://user:s3cret@127.0.0.1:{http.port}/0"
+            done = await eco_router({**env, "REDIS_STREAMS_URL": url}, *command)
+
+        assert done.returncode == 3, done.stderr
+        errors = [line for line in done.stderr.splitlines() if not line[:4].isdigit()]
+        assert errors == [
+            f"error: the streams server at redis://user:***@127.0.0.1:{http.port}/0 is not a "
+            "Redis server (it answered like an HTTP server)"
+        ]
+        assert done.stdout == ""
+
+
+PUBLISH = ("publish", "--job", "j", "--stage", "vision", "--status", "started")
+
+
+class TestArgumentErrors:
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (
+                (*PUBLISH, "--progress", "abc"),
+                "eco-router publish: error: argument --progress: 'abc' is not an integer",
+            ),
+            (
+                (*PUBLISH, "--seq", "1.5"),
+                "eco-router publish: error: argument --seq: '1.5' is not an integer",
+            ),
+            (
+                ("demo", "--jobs", "0"),
+                "eco-router demo: error: argument --jobs: '0' is not a positive integer",
+            ),
+            (
+                ("dlq", "list", "--count", "many"),
+                "eco-router dlq list: error: argument --count: 'many' is not a positive integer",
+            ),
+            (
+                ("serve", "--port", "http"),
+                "eco-router serve: error: argument --port: 'http' is not a port number (0-65535)",
+            ),
+            (
+                ("serve", "--in-memory", "--no-router"),
+                "eco-router serve: error: --no-router needs Redis, it cannot be combined with "
+                "--in-memory",
+            ),
+            (
+                ("serve", "--in-memory", "--embedded-redis"),
+                "eco-router serve: error: --embedded-redis and --in-memory are two ways to run "
+                "without a Redis of your own: choose one",
+            ),
+            (("status", "--verbose"), "eco-router: error: unrecognized arguments: --verbose"),
+            (("publish", "--job", "j"), "eco-router publish: error: the following arguments"),
+        ],
+        ids=[
+            "progress-not-int",
+            "seq-not-int",
+            "jobs-zero",
+            "count-word",
+            "port-word",
+            "in-memory-no-router",
+            "in-memory-embedded",
+            "unknown-option",
+            "missing-options",
+        ],
+    )
+    async def test_an_argument_error_is_one_line_naming_the_command_and_its_help(
+        self, env: dict[str, str], args: tuple[str, ...], message: str
+    ) -> None:
+        done = await eco_router(env, *args)
+
+        assert done.returncode == 2
+        [line] = done.stderr.splitlines()
+        assert line.startswith(message), line
+        assert line.endswith("--help)")
+        assert done.stdout == ""
 
 
 class TestHelpAndVersion:
