@@ -66,7 +66,8 @@ def run_serve(
             if embedded_redis:
                 # Until uvicorn installs its own handlers: SIGTERM unwinds this block, which
                 # stops the child Redis (a Ctrl-C does the same as KeyboardInterrupt).
-                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                stack.callback(signal.signal, signal.SIGTERM, previous)
                 redis = stack.enter_context(EmbeddedRedis())
                 settings = _on_embedded_redis(redis)
             if in_memory or redis is not None:
