@@ -12,7 +12,7 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Applied, EncodedEvent, ReadStart
+from eco_router.application.messages import Applied, ClaimPage, EncodedEvent, ReadStart
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.router_health import RouterHealth
 from tests.unit.factories import CHANNEL_PREFIX, FAMILY, GROUP, Harness, eventually
@@ -322,6 +322,21 @@ class TestWhileTheStoreRefusesWrites:
         assert h.pending()[entry_id].count == 1
 
 
+class ClaimsCutOff(InMemoryEventSource):
+    """A source whose claims on the `cut_off` shards fail transiently (a node unreachable)."""
+
+    cut_off: frozenset[str] = frozenset()
+
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
+    ) -> ClaimPage:
+        if stream in self.cut_off:
+            raise TransientError(f"claim on {stream}: connection refused")
+        return await super().claim(
+            stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
+        )
+
+
 class TestAShardThatFails:
     async def test_a_shard_of_the_wrong_type_is_quarantined_and_the_others_reclaimed(
         self, h: Harness, b: InMemoryEventSource
@@ -351,3 +366,37 @@ class TestAShardThatFails:
         assert all(h.published_seqs(j) == [1] for s, j in jobs.items() if s != broken)
         assert f"shard {broken}" in health.checks()
         assert (FAMILY.domain, 0) in h.metrics.quarantined
+
+    async def test_a_shard_that_fails_transiently_fails_the_pass_after_the_others(
+        self, h: Harness
+    ) -> None:
+        jobs = {FAMILY.stream_for(f"job-{n}"): f"job-{n}" for n in range(40)}
+        for job in jobs.values():
+            h.xadd(job, 1)
+        await crash_after_reading(h)
+        h.clock.advance(MIN_IDLE_MS)
+        cut_off = FAMILY.streams[0]
+        b = ClaimsCutOff(h.streams, families=[FAMILY], group=GROUP, consumer="b")
+        b.cut_off = frozenset({cut_off})
+        health = RouterHealth(clock=h.clock, metrics=h.metrics, families=[FAMILY])
+        reclaim = ReclaimPending(
+            source=b,
+            broadcaster=h.broadcaster,
+            route=h.route_batch(b),
+            held=h.held_shards(),
+            metrics=h.metrics,
+            clock=h.clock,
+            min_idle_ms=MIN_IDLE_MS,
+            page_size=100,
+            health=health,
+        )
+
+        # Raised, so that its loop retries it with back-off rather than at its next interval.
+        with pytest.raises(TransientError):
+            await reclaim()
+
+        assert all(h.published_seqs(j) == [1] for s, j in jobs.items() if s != cut_off)
+        assert health.troubled_now("reclaimer")
+        b.cut_off = frozenset()
+        assert await reclaim() == 1
+        assert not health.troubled_now("reclaimer")

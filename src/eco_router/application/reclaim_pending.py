@@ -34,7 +34,9 @@ class ReclaimPending:
     - Claimed entries whose routing fails transiently are kept and routed again with back-off
       while the shard is held, never claimed again meanwhile: an episode counts one delivery.
     - A shard that fails does not stop the pass: a permanent error quarantines it, a
-      transient one is warned about once per episode, and the next shard is reclaimed.
+      transient one is warned about once per episode, and the next shard is reclaimed; the
+      pass then raises the transient error, so that its loop tries again with back-off
+      instead of waiting for its next interval.
     """
 
     def __init__(
@@ -69,7 +71,8 @@ class ReclaimPending:
         await self._broadcaster.ping()
         if self._health.troubled_now("consumer"):
             return 0
-        total, failed = 0, False
+        total = 0
+        failure: TransientError | None = None
         blocked = self._health.blocked()
         for stream, token in self._held.tokens([Phase.READING]).items():
             if stream in blocked:
@@ -84,9 +87,10 @@ class ReclaimPending:
                     log.error("reclaiming %s refused: %s", stream, error)
             except TransientError as error:
                 self._health.troubled("reclaimer", error)
-                failed = True
-        if not failed:
-            self._health.untroubled("reclaimer")
+                failure = error
+        if failure is not None:
+            raise failure
+        self._health.untroubled("reclaimer")
         return total
 
     async def _shard(self, stream: str, token: int) -> int:
