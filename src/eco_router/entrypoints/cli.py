@@ -8,7 +8,6 @@ runs (the web stack for `serve` and `worker`, Redis for the operator commands, J
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -162,6 +161,8 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _operator(settings: Settings, args: argparse.Namespace, server: Server) -> int:
+    import asyncio
+
     from redis.exceptions import RedisError
 
     from eco_router.application.errors import PortError
