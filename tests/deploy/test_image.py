@@ -115,14 +115,20 @@ def _fake_engine(directory: Path, name: str, *, answers: bool) -> Path:
     return log
 
 
-def _make_image(tmp_path: Path, engine: str) -> subprocess.CompletedProcess[str]:
+def _make_image(
+    tmp_path: Path,
+    engine: str,
+    *variables: str,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     make = shutil.which("make")
     if make is None:
         pytest.fail("make is not installed")
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, **(env or {}), "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(
-        [make, "--no-print-directory", "image", f"ENGINE={engine}"],
-        cwd=REPO,
+        [make, "--no-print-directory", "image", f"ENGINE={engine}", *variables],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -148,3 +154,50 @@ def test_make_image_builds_with_the_engine_that_answers(tmp_path: Path) -> None:
     assert info == "info"
     assert build.startswith(f"build --tag eco-router:{version} --build-arg VERSION={version} ")
     assert build.endswith(" .")
+
+
+def test_make_image_with_podman_lends_the_machines_pip_settings_to_the_build(
+    tmp_path: Path,
+) -> None:
+    log = _fake_engine(tmp_path, "podman", answers=True)
+    bundle = tmp_path / "proxy-ca.pem"
+    bundle.write_text("a CA bundle\n")
+    done = _make_image(
+        tmp_path, "podman", "PYTHON_IMAGE=localhost/some-base:1", env={"PIP_CERT": str(bundle)}
+    )
+    assert done.returncode == 0, done.stderr
+    _, build = log.read_text().splitlines()
+    assert " --build-arg PYTHON_IMAGE=localhost/some-base:1 " in build
+    # Mounted for the build's RUN steps (the builder stage's pip), not copied into the image.
+    assert " --build-arg=PIP_CONFIG_FILE=/mnt/pip.conf " in build
+    assert f" --volume={bundle}:/mnt/" in build
+    assert all(option.endswith(":ro") for option in build.split() if option.startswith("--volume="))
+
+
+def test_make_image_stand_in_builds_on_the_base_made_from_debian_packages() -> None:
+    done = subprocess.run(
+        ["make", "--dry-run", "--no-print-directory", "image", "STAND_IN=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "deploy/podman/stand-in-base.sh" in done.stdout
+    assert "--build-arg PYTHON_IMAGE=localhost/eco-router-base:bookworm" in done.stdout
+    # The stand-in base lives in podman's storage: docker is not asked.
+    assert "for candidate in podman;" in done.stdout
+
+
+def test_make_image_names_one_revision_in_a_tree_without_commits(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, tree / name)
+    subprocess.run(["git", "init", "-q", str(tree)], check=True, timeout=30)
+    log = _fake_engine(tmp_path, "fake-engine", answers=True)
+    done = _make_image(tmp_path, "fake-engine", cwd=tree)
+    assert done.returncode == 0, done.stderr
+    _, build = log.read_text().splitlines()
+    assert " --build-arg REVISION=unknown " in build
