@@ -7,12 +7,10 @@ import time
 import jwt
 from jwt.types import Options
 
-from eco_router.adapters.jwt_claims import decode_hs256
+from eco_router.adapters.jwt_claims import MIN_SECRET_BYTES, decode_hs256
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import Authorizer
 
-# HS256 signs with SHA-256: a shorter key is weaker than the hash (RFC 7518, section 3.2).
-MIN_SECRET_BYTES = 32
 # The domain of tokens minted before tokens named one: the reference design's only domain.
 LEGACY_DOMAIN = "scan"
 ANY = "*"

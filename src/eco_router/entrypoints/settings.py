@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from eco_router.adapters.jwt_authorizer import MIN_SECRET_BYTES
+from eco_router.adapters.jwt_claims import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
@@ -32,8 +32,8 @@ from eco_router.domain.event_size import (
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
-from eco_router.entrypoints.http.cors import parse_origins
-from eco_router.entrypoints.http.protocols import HttpParserChoice
+from eco_router.entrypoints.http.origins import parse_origins
+from eco_router.entrypoints.http.parser_choice import HttpParserChoice
 from eco_router.entrypoints.http.request_bounds import RequestLimits
 from eco_router.producer import DOMAIN_VARIABLE, SHARDS_VARIABLE
 

@@ -8,7 +8,7 @@ import asyncio
 import http
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import h11
 import uvicorn
@@ -21,6 +21,7 @@ from eco_router.entrypoints.http.frame_writer import (
     ConnectionWrites,
     TransportFrameWriter,
 )
+from eco_router.entrypoints.http.parser_choice import HttpParserChoice
 from eco_router.entrypoints.http.request_bounds import (
     ClientConnections,
     HeadMeter,
@@ -30,8 +31,6 @@ from eco_router.entrypoints.http.request_bounds import (
 )
 
 log = logging.getLogger(__name__)
-
-HttpParserChoice = Literal["httptools", "h11"]
 
 
 class Deadline:

@@ -11,7 +11,8 @@ import uvicorn
 
 from eco_router.entrypoints.event_loop import uvicorn_loop
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites
-from eco_router.entrypoints.http.protocols import HttpParserChoice, http_protocol
+from eco_router.entrypoints.http.parser_choice import HttpParserChoice
+from eco_router.entrypoints.http.protocols import http_protocol
 from eco_router.entrypoints.http.request_bounds import (
     ClientConnections,
     RequestLimits,
