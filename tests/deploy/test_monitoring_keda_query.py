@@ -17,6 +17,7 @@ from tests.deploy.monitoring_support import (
     ROUTER_SCALER,
     free_port,
     prometheus_config,
+    prometheus_tool,
     scaler_query,
 )
 from tests.integration.support import (
@@ -34,10 +35,11 @@ BACKLOG = 37
 
 
 class Prometheus:
-    """/usr/bin/prometheus on a loopback port, with its config and storage in a temp dir."""
+    """prometheus (`make prometheus` extracts it into .tools/) on a loopback port, with its
+    config and storage in a temp dir."""
 
     def __init__(self, directory: Path, config: str) -> None:
-        binary = Path("/usr/bin/prometheus")
+        binary = Path(prometheus_tool("prometheus"))
         assert binary.is_file(), "prometheus is missing: `make prometheus` installs it"
         (directory / "prometheus.yml").write_text(config)
         self.base_url = f"http://127.0.0.1:{free_port()}"

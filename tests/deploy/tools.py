@@ -25,10 +25,10 @@ Document = dict[str, Any]
 
 
 def venv_tool(name: str) -> Path:
-    """A binary the dev extra installs beside this interpreter (never one from /usr/bin)."""
+    """A binary the test extra installs beside this interpreter (never one from /usr/bin)."""
     path = Path(sys.executable).parent / name
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: install the dev extra (make venv)")
+        raise FileNotFoundError(f"{path} is missing: install the test extra (make venv-test)")
     return path
 
 
