@@ -75,7 +75,7 @@ async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
     from redis.exceptions import RedisError
 
     from eco_router.adapters.redis.connection import open_redis
-    from eco_router.entrypoints.server_checks import unreachable
+    from eco_router.entrypoints.startup_checks import connection_failure
 
     url = settings.redis_streams_url
     async with open_redis(
@@ -84,7 +84,7 @@ async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
         try:
             await client.ping()
         except (RedisError, OSError) as error:
-            raise unreachable("streams", url, error) from error
+            raise connection_failure("streams", url, error) from error
         yield client
 
 

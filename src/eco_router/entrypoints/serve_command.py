@@ -21,9 +21,8 @@ from eco_router.entrypoints.embedded_redis import EmbeddedRedis
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.http.app import create_app, end_streams
 from eco_router.entrypoints.http.server_config import server_config
-from eco_router.entrypoints.server_checks import check_servers
 from eco_router.entrypoints.settings import Settings, load_settings
-from eco_router.entrypoints.startup_checks import listening_socket
+from eco_router.entrypoints.startup_checks import check_redis_servers, listening_socket
 from eco_router.entrypoints.startup_log import log_start
 from eco_router.entrypoints.worker import serve as serve_router
 
@@ -41,7 +40,7 @@ def run_worker(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in _STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
-        await check_servers(settings)
+        await check_redis_servers(settings)
         await serve_router(container, stop)
 
     event_loop.run(run(), settings.event_loop)
@@ -115,7 +114,7 @@ def _serve_on(
         log.warning("running on in-memory adapters: no Redis is used and nothing is persisted")
     else:
         log_start("serve", settings)
-        asyncio.run(check_servers(settings))
+        asyncio.run(check_redis_servers(settings))
     if not route:
         log.info("serving SSE only: events are routed by eco-router worker processes")
     container = build_container(settings, in_memory=in_memory, route=route)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from urllib.parse import urlsplit
 
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eco_router.adapters.redaction import redact_url
@@ -15,6 +16,10 @@ from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.settings import Settings
 
 STARTUP_TIMEOUT_S = 5.0
+# redis-py's parsers: `Protocol error, got "H" as reply type byte`.
+_REPLY_BYTE = re.compile(r'got "(.)" as reply type byte')
+# What an HTTP server's answer starts with: a status line, or an HTML error page.
+_HTTP_FIRST_BYTES = frozenset("H<")
 
 
 class StartupFailure(Exception):
@@ -46,8 +51,20 @@ def connection_failure(role: str, url: str, error: RedisError | OSError) -> Star
     """Why the first command on the `role` server ("streams", "Pub/Sub") failed, in one line.
 
     Refused credentials and a database the server does not have are configuration (exit 2);
-    anything else means the server is out of reach (exit 3).
+    anything else means the server is out of reach (exit 3), a server that answered outside
+    the Redis protocol (an HTTP port given by mistake) being named as not a Redis server.
     """
+    if isinstance(error, InvalidResponse):
+        found = _REPLY_BYTE.search(str(error))
+        like = (
+            "it answered like an HTTP server"
+            if found and found.group(1) in _HTTP_FIRST_BYTES
+            else f"it answered: {str(error).strip()}"
+        )
+        return StartupFailure(
+            f"the {role} server at {redact_url(url)} is not a Redis server ({like})",
+            ExitCode.UNREACHABLE,
+        )
     where = f"the {role} Redis at {redact_url(url)}"
     if isinstance(error, AuthenticationError):
         return StartupFailure(
