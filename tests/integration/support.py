@@ -417,3 +417,16 @@ class PubSubCollector:
                     orjson.loads(message["data"]),
                 )
             )
+
+
+async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `eco-router ARGS` to completion (off the event loop) and keep its output."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*WorkerProcess.command(), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -28,6 +28,7 @@ from tests.integration.support import (
     Workers,
     add_event,
     add_raw,
+    eco_router,
     eventually,
     job_in_shard,
     job_state,
@@ -50,19 +51,6 @@ def env(streams_server: RedisServer, pubsub_server: RedisServer, tmp_path: Path)
 def server_line(url: str) -> str:
     """The first line of a command's text output, naming the server it talks to."""
     return f"streams redis: {url} (REDIS_STREAMS_URL)"
-
-
-async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `eco-router ARGS` to completion (off the event loop) and keep its output."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        [*WorkerProcess.command(), *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def all_entries(redis: Redis) -> list[tuple[str, dict[bytes, bytes]]]:

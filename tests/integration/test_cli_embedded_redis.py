@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.support import WorkerProcess, eventually
+from tests.integration.support import WorkerProcess, eco_router, eventually
 
 FAMILIES = "scan:events=2"
 SECRET = "a-test-secret-of-at-least-32-bytes!"
@@ -41,18 +41,6 @@ def env(tmp_path: Path) -> dict[str, str]:
         EVENT_ROUTER_CONSOLE="true",
     )
     return env
-
-
-async def eco_router(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run,
-        [*WorkerProcess.command(), *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @dataclass
