@@ -61,6 +61,13 @@ from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, Sta
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 
+# Read at each call of `publish_stage_event`, never at import.
+from eco_router.producer_variables import (
+    DOMAIN_VARIABLE,
+    REFERENCE_SHARDS_VARIABLE,
+    SHARDS_VARIABLE,
+)
+
 __all__ = [
     "DEFAULT_COALESCE_MS",
     "FIRST_TOKEN_SEQ",
@@ -80,11 +87,6 @@ __all__ = [
     "shard_for",
 ]
 
-# Read at each call of `publish_stage_event`, never at import.
-DOMAIN_VARIABLE = "EVENT_ROUTER_PRODUCER_DOMAIN"
-SHARDS_VARIABLE = "EVENT_ROUTER_PRODUCER_SHARDS"
-# The reference design's producers read their shard count from this one.
-REFERENCE_SHARDS_VARIABLE = "SSE_SHARD_COUNT"
 DEFAULT_DOMAIN = "scan"
 DEFAULT_SHARDS = 4
 MAX_SHARDS = 1024

@@ -7,7 +7,8 @@ import time
 import jwt
 from jwt.types import Options
 
-from eco_router.adapters.jwt_claims import MIN_SECRET_BYTES, decode_hs256
+from eco_router.adapters.jwt_claims import decode_hs256
+from eco_router.adapters.jwt_secret import MIN_SECRET_BYTES
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import Authorizer
 

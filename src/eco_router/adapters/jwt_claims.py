@@ -8,8 +8,6 @@ from typing import Any
 import jwt
 from jwt.types import Options
 
-# HS256 signs with SHA-256: a shorter key is weaker than the hash (RFC 7518, section 3.2).
-MIN_SECRET_BYTES = 32
 # NumericDate claims (RFC 7519, sections 2 and 4.1.4-4.1.6).
 TIME_CLAIMS = ("exp", "nbf", "iat")
 

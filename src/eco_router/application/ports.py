@@ -2,36 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from eco_router.application.errors import PermanentError
-from eco_router.application.messages import (
-    Applied,
-    ClaimPage,
-    DeadLetter,
-    DeadLetterTally,
-    Delivery,
-    EncodedEvent,
-    FeedClosed,
-    FeedGap,
-    GroupView,
-    JobView,
-    ReadBatch,
-    ReadStart,
-    Replayed,
-    ShardCounters,
-    ShardStats,
-    StoredDeadLetter,
-)
-from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
-from eco_router.domain.ownership import Lease
-from eco_router.domain.rejection import RejectReason
-from eco_router.domain.sse import GatewayEvent
-from eco_router.domain.streams import StreamFamily
-from eco_router.domain.text import JobText
-from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
-from eco_router.domain.verdict import Verdict
+from eco_router.domain.event import FIRST_TOKEN_SEQ
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS
+
+# The rest is named in annotations only: an adapter that implements one port (the producer's
+# publisher) then imports neither the values of the others nor their modules.
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping, Sequence
+
+    from eco_router.application.errors import PermanentError
+    from eco_router.application.messages import (
+        Applied,
+        ClaimPage,
+        DeadLetter,
+        DeadLetterTally,
+        Delivery,
+        EncodedEvent,
+        FeedClosed,
+        FeedGap,
+        GroupView,
+        JobView,
+        ReadBatch,
+        ReadStart,
+        Replayed,
+        ShardCounters,
+        ShardStats,
+        StoredDeadLetter,
+    )
+    from eco_router.domain.event import JobEvent
+    from eco_router.domain.ownership import Lease
+    from eco_router.domain.rejection import RejectReason
+    from eco_router.domain.sse import GatewayEvent
+    from eco_router.domain.streams import StreamFamily
+    from eco_router.domain.text import JobText
+    from eco_router.domain.token_entries import TokensPublished
+    from eco_router.domain.verdict import Verdict
 
 
 @runtime_checkable
@@ -482,4 +489,31 @@ class ReadinessMetrics(Protocol):
 
     def readiness_checked(self, checks: Mapping[str, str]) -> None:
         """The checks just made, by name; a check passes when its value is "ok"."""
+        ...
+
+
+# A job as the gateways count its viewers: (domain, job id).
+JobRef = tuple[str, str]
+
+
+@runtime_checkable
+class PresenceBoard(Protocol):
+    """How many viewers each gateway has on each job, posted by the gateways themselves.
+
+    Volatile by design: a gateway's counts vanish one TTL after its last post, so the counts
+    of a gateway that died go away without anyone removing them.
+    """
+
+    async def post(self, gateway: str, changes: Mapping[JobRef, int], *, whole: bool) -> bool:
+        """Renew the gateway's counts for one TTL and apply `changes` (0 removes a job), in one
+        atomic step; with `whole`, `changes` replaces every count it had. Without `whole`,
+        False (nothing applied) when its counts had lapsed or were never posted: post whole."""
+        ...
+
+    async def leave(self, gateway: str) -> None:
+        """Remove the gateway's counts at once (a clean stop); idempotent."""
+        ...
+
+    async def viewers(self, domain: str, job_id: str) -> dict[str, int]:
+        """The job's viewers per live gateway (gateways with none are left out)."""
         ...

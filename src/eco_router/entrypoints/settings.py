@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from eco_router.adapters.jwt_claims import MIN_SECRET_BYTES
+from eco_router.adapters.jwt_secret import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
@@ -35,7 +35,7 @@ from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.origins import parse_origins
 from eco_router.entrypoints.http.parser_choice import HttpParserChoice
 from eco_router.entrypoints.http.request_bounds import RequestLimits
-from eco_router.producer import DOMAIN_VARIABLE, SHARDS_VARIABLE
+from eco_router.producer_variables import DOMAIN_VARIABLE, SHARDS_VARIABLE
 
 _ENV_PREFIX = "EVENT_ROUTER_"
 # Read by the producer SDK, not by the router: a shared environment may well hold them.
