@@ -24,6 +24,24 @@ from eco_router.entrypoints.startup_checks import StartupFailure
 
 WEB_STACK = ("fastapi", "uvicorn", "starlette")
 SERVE_ONLY = (*WEB_STACK, "dependency_injector", "eco_router.entrypoints.container")
+# What the settings once pulled into every command: PyJWT, the producer SDK, uvloop, the
+# gateway's request rules.
+NOT_FOR_SETTINGS = (
+    "jwt",
+    "eco_router.producer",
+    "uvloop",
+    "eco_router.entrypoints.http.request_bounds",
+)
+# Values of the ports `publish` does not use (reading, leases, state, dead letters) and the
+# adapters behind them.
+NOT_FOR_PUBLISH = (
+    "eco_router.application.messages",
+    "eco_router.domain.verdict",
+    "eco_router.adapters.redis.state_store",
+    "eco_router.adapters.redis.event_source",
+    "eco_router.adapters.redis.lease_store",
+)
+PUBLISH = ("publish", "--job", "j", "--stage", "vision", "--status", "started")
 
 
 def make_record(**overrides: object) -> ServeRecord:
@@ -174,14 +192,19 @@ class TestImports:
 
     @pytest.mark.parametrize(
         "args",
-        [
-            ("publish", "--job", "j", "--stage", "vision", "--status", "started"),
-            ("status",),
-            ("token", "--job", "j"),
-        ],
+        [PUBLISH, ("status",), ("token", "--job", "j")],
         ids=["publish", "status", "token"],
     )
     def test_an_operator_command_imports_neither_the_web_stack_nor_the_container(
         self, args: tuple[str, ...]
     ) -> None:
         assert _loaded(imported_by(*args), SERVE_ONLY) == []
+
+    @pytest.mark.parametrize("args", [PUBLISH, ("status",)], ids=["publish", "status"])
+    def test_loading_the_settings_imports_no_token_code_producer_or_event_loop(
+        self, args: tuple[str, ...]
+    ) -> None:
+        assert _loaded(imported_by(*args), NOT_FOR_SETTINGS) == []
+
+    def test_publish_imports_only_the_publisher_of_the_redis_adapters(self) -> None:
+        assert _loaded(imported_by(*PUBLISH), NOT_FOR_PUBLISH) == []

@@ -7,11 +7,11 @@ import pytest
 from eco_router.entrypoints.http.request_bounds import (
     ClientConnections,
     HeadMeter,
-    RequestLimits,
     TrustedAddresses,
     declared_body_bytes,
     refusal,
 )
+from eco_router.entrypoints.http.request_limits import RequestLimits
 
 
 def make_limits(**overrides: int) -> RequestLimits:

@@ -13,7 +13,7 @@ from eco_router.entrypoints.http.protocols import (
     HeaderTimeoutProtocol,
     HttpToolsHeaderTimeoutProtocol,
 )
-from eco_router.entrypoints.http.request_bounds import RequestLimits
+from eco_router.entrypoints.http.request_limits import RequestLimits
 from eco_router.entrypoints.http.server_config import (
     MIN_REFUSED,
     ConnectionLimits,

@@ -34,7 +34,7 @@ from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.entrypoints.event_loop import EventLoopChoice, loop_factory
 from eco_router.entrypoints.http.origins import parse_origins
 from eco_router.entrypoints.http.parser_choice import HttpParserChoice
-from eco_router.entrypoints.http.request_bounds import RequestLimits
+from eco_router.entrypoints.http.request_limits import RequestLimits
 from eco_router.producer_variables import DOMAIN_VARIABLE, SHARDS_VARIABLE
 
 _ENV_PREFIX = "EVENT_ROUTER_"
@@ -217,7 +217,10 @@ class Settings(BaseSettings):
     @field_validator("event_loop")
     @classmethod
     def _check_loop(cls, value: EventLoopChoice) -> EventLoopChoice:
-        loop_factory(value)
+        # Only `uvloop` can be refused (`auto` falls back to asyncio's loop): the other
+        # choices are not checked by importing uvloop, which every command would pay for.
+        if value == "uvloop":
+            loop_factory(value)
         return value
 
     @field_validator("log_level")

@@ -25,10 +25,10 @@ from eco_router.entrypoints.http.parser_choice import HttpParserChoice
 from eco_router.entrypoints.http.request_bounds import (
     ClientConnections,
     HeadMeter,
-    RequestLimits,
     declared_body_bytes,
     refusal,
 )
+from eco_router.entrypoints.http.request_limits import RequestLimits
 
 log = logging.getLogger(__name__)
 

@@ -1,26 +1,15 @@
-"""What one request may send to the gateway and how many connections one address may hold:
-the rules behind its HTTP protocols (`protocols.py`), as values and pure functions."""
+"""Holding one request to its limits (`request_limits.py`) and one address to its connections:
+the rules behind the gateway's HTTP protocols (`protocols.py`), as values and pure functions."""
 
 from __future__ import annotations
 
 import http
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from eco_router.entrypoints.http.request_limits import RequestLimits
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What one request may send: its head (request line and headers, `max_head_bytes` in
-    all) and its body, which must arrive whole within `body_timeout_s` of the head."""
-
-    max_head_bytes: int = 32 * 1024
-    max_request_line_bytes: int = 8 * 1024
-    max_headers: int = 100
-    max_body_bytes: int = 64 * 1024
-    body_timeout_s: float = 10.0
 
 
 class HeadMeter:

@@ -13,11 +13,8 @@ from eco_router.entrypoints.event_loop import uvicorn_loop
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites
 from eco_router.entrypoints.http.parser_choice import HttpParserChoice
 from eco_router.entrypoints.http.protocols import http_protocol
-from eco_router.entrypoints.http.request_bounds import (
-    ClientConnections,
-    RequestLimits,
-    TrustedAddresses,
-)
+from eco_router.entrypoints.http.request_bounds import ClientConnections, TrustedAddresses
+from eco_router.entrypoints.http.request_limits import RequestLimits
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
