@@ -1,15 +1,16 @@
 """CPU the `eco-router` command spends to start and do one small thing.
 
-    .venv/bin/python -m bench.cli_startup [--runs 10] [--src DIR] [--goal-ms 200]
+    .venv/bin/python -m bench.cli_startup [--runs 10] [--src DIR ...] [--goal-ms 200]
 
 Runs each command `--runs` times, one subprocess after another, and reports user + system
 CPU per run (`resource.getrusage(RUSAGE_CHILDREN)` before and after each command's runs):
 `--version`, `publish` and `status` against a throwaway `redis-server` started on a free
 loopback port (never a server it did not start), `state` of that job, and `token`. A row
 for `python -c pass` gives the interpreter's own floor. `--src DIR` runs another tree's
-`src` directory instead (e.g. an earlier commit from `git archive <ref> src | tar -x -C DIR`)
-to compare before and after on one machine in one run. The goal is met when every
-command of `--version`, `publish` and `status` stays under `--goal-ms`.
+`src` directory instead (e.g. an earlier commit from `git archive <ref> src | tar -x -C DIR`);
+given more than once, the trees take turns run by run, to compare before and after on one
+machine in one run. The goal is met when every command of `--version`, `publish` and
+`status` stays under `--goal-ms`.
 """
 
 from __future__ import annotations
@@ -64,41 +65,80 @@ def _now() -> float:
 def main(args: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="runs of each command")
-    parser.add_argument("--src", type=Path, help="another tree's src directory to measure")
+    parser.add_argument(
+        "--src",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a tree's src directory to measure instead of this one; repeat it to compare "
+        "trees, their runs taking turns",
+    )
     parser.add_argument("--goal-ms", type=float, default=200.0, help="CPU ms per command")
     options = parser.parse_args(args)
+    trees = [tree.resolve() for tree in options.src] or [
+        Path(__file__).resolve().parents[1] / "src"
+    ]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
-    if options.src is not None:
-        env["PYTHONPATH"] = str(options.src.resolve())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
+    # Installed, the CLI runs from byte-code (pip and the image compile it); the first publish
+    # below writes it, unless PYTHONDONTWRITEBYTECODE is set, when every run would compile
+    # the project's modules again (some 40 ms of CPU on 2 cores).
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
     cli = [sys.executable, "-m", "eco_router.entrypoints.cli"]
+    cpu: dict[tuple[str, Path], list[float]] = {}
+    wall: dict[tuple[str, Path], list[float]] = {}
     with RedisServer() as server:
-        env.update(REDIS_STREAMS_URL=server.url, EVENT_ROUTER_JWT_SECRET=SECRET)
-        # One publish first: the job `state` reads exists, and the .pyc files are written.
-        cpu_ms_per_run([*cli, *commands()["publish"]], env, 1)
-        rows = [("python -c pass", *cpu_ms_per_run([sys.executable, "-c", "pass"], env, 3))]
+        base.update(REDIS_STREAMS_URL=server.url, EVENT_ROUTER_JWT_SECRET=SECRET)
+        envs = {tree: {**base, "PYTHONPATH": str(tree)} for tree in trees}
+        for env in envs.values():
+            # One publish first: the job `state` reads exists, and the .pyc files are written.
+            cpu_ms_per_run([*cli, *commands()["publish"]], env, 1)
+        floor = cpu_ms_per_run([sys.executable, "-c", "pass"], base, 3)
         for name, argv in commands().items():
-            try:
-                # `state` of a job no router has routed (none runs here) exits 1.
-                ok = frozenset({0, 1}) if name == "state" else frozenset({0})
-                rows.append((name, *cpu_ms_per_run([*cli, *argv], env, options.runs, ok=ok)))
-            except SystemExit as failed:
-                print(f"{name}: not measured ({str(failed).splitlines()[0]})", file=sys.stderr)
+            # `state` of a job no router has routed (none runs here) exits 1.
+            ok = frozenset({0, 1}) if name == "state" else frozenset({0})
+            for _ in range(options.runs):
+                # Turn by turn, so a change in the machine's load falls on every tree alike.
+                for tree, env in envs.items():
+                    if (name, tree) in cpu and not cpu[name, tree]:
+                        continue  # failed before: reported once
+                    try:
+                        ms, wall_ms = cpu_ms_per_run([*cli, *argv], env, 1, ok=ok)
+                    except SystemExit as failed:
+                        print(f"{name} ({tree}): not measured ({str(failed).splitlines()[0]})")
+                        cpu[name, tree] = []
+                        continue
+                    cpu.setdefault((name, tree), []).append(ms)
+                    wall.setdefault((name, tree), []).append(wall_ms)
 
-    tree = options.src or Path(__file__).resolve().parents[1] / "src"
-    print(f"eco-router start-up, {options.runs} runs each, tree {tree}")
-    print(f"{'command':<16} {'CPU ms/run':>10} {'wall ms':>8}  goal")
-    met = True
-    for name, cpu, wall in rows:
-        mark = ""
-        if name in GOAL_COMMANDS:
-            ok = cpu < options.goal_ms
-            met &= ok
-            mark = "ok" if ok else f"over {options.goal_ms:.0f}"
-        print(f"{name:<16} {cpu:>10.0f} {wall:>8.0f}  {mark}")
-    verdict = "met" if met else "NOT met"
-    print(f"goal ({', '.join(GOAL_COMMANDS)} under {options.goal_ms:.0f} ms of CPU): {verdict}")
+    print(f"eco-router start-up, {options.runs} runs each: CPU ms per run (median wall ms)")
+    for number, tree in enumerate(trees, 1):
+        print(f"  tree {number}: {tree}")
+    print(f"{'command':<16}" + "".join(f"{f'tree {n}':>18}" for n in range(1, len(trees) + 1)))
+    print(f"{'python -c pass':<16}{_cell(floor[0], floor[1], ''):>18}")
+    met = dict.fromkeys(trees, True)
+    for name in commands():
+        cells = []
+        for tree in trees:
+            if not cpu.get((name, tree)):
+                cells.append("-")
+                continue
+            ms = statistics.fmean(cpu[name, tree])
+            mark = ""
+            if name in GOAL_COMMANDS:
+                mark = "ok" if ms < options.goal_ms else "over"
+                met[tree] &= ms < options.goal_ms
+            cells.append(_cell(ms, statistics.median(wall[name, tree]), mark))
+        print(f"{name:<16}" + "".join(f"{cell:>18}" for cell in cells))
+    goal = f"{', '.join(GOAL_COMMANDS)} under {options.goal_ms:.0f} ms of CPU"
+    for number, tree in enumerate(trees, 1):
+        print(f"goal ({goal}), tree {number}: {'met' if met[tree] else 'NOT met'}")
     return 0
+
+
+def _cell(cpu_ms: float, wall_ms: float, mark: str) -> str:
+    return f"{cpu_ms:.0f} ({wall_ms:.0f}){f' {mark}' if mark else ''}"
 
 
 if __name__ == "__main__":
