@@ -13,7 +13,8 @@ from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.messages import ShardStats
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.router_health import RouterHealth
-from eco_router.application.router_service import RouterService, TaskKeptFailing
+from eco_router.application.router_service import RouterService
+from eco_router.application.supervision import TaskKeptFailing
 from eco_router.entrypoints.runner import kept_failing
 from tests.unit.factories import Harness, eventually
 

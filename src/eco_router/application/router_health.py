@@ -42,7 +42,10 @@ class RouterHealth:
         metrics: RouterMetrics,
         families: Sequence[StreamFamily] = (),
         quarantine_retry_s: float = 10.0,
+        idle_check: str | None = "router",
     ) -> None:
+        # The check that fails while no task runs yet (None: none; a gateway's own tasks).
+        self._idle_check = idle_check
         self._clock = clock
         self._metrics = metrics
         self._family_of = {s: f for f in families for s in f.streams}
@@ -138,7 +141,9 @@ class RouterHealth:
 
     def checks(self) -> dict[str, str]:
         """Readiness checks: each supervised task, loop in trouble and quarantined shard."""
-        checks = dict(self._tasks) or {"router": "not running"}
+        checks = dict(self._tasks)
+        if not checks and self._idle_check is not None:
+            checks[self._idle_check] = "not running"
         for loop, trouble in self._troubles.items():
             checks[loop] = trouble if checks.get(loop, "ok") == "ok" else checks[loop]
         for stream, known in sorted(self._quarantined.items()):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 from eco_router.application.backoff import Backoff
@@ -16,19 +14,11 @@ from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.periodic import run_every
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.router_health import RouterHealth
-from eco_router.application.stopping import sleep_unless_stopped
+from eco_router.application.supervision import supervise
 
 log = logging.getLogger(__name__)
 
 TASKS = ("leases", "consumer", "reclaimer", "observer")
-
-
-class TaskKeptFailing(Exception):
-    """A supervised task died too often in too short a time: the process should end."""
-
-    def __init__(self, task: str, deaths: int, window_s: float) -> None:
-        super().__init__(f"the {task} task died {deaths} times within {window_s:.0f} s")
-        self.task = task
 
 
 class RouterService:
@@ -130,35 +120,14 @@ class RouterService:
     async def _supervised(
         self, name: str, run: Callable[[], Awaitable[None]], until: asyncio.Event
     ) -> None:
-        """Run `run()` to its end, starting it again with back-off when it dies, until
-        `until` is set; `TaskKeptFailing` when it dies too often."""
-        backoff = self._restart_backoff()
-        deaths: deque[float] = deque()
-        while True:
-            self.health.task_running(name)
-            try:
-                await run()
-                return
-            except Exception as error:
-                now = time.monotonic()
-                while deaths and now - deaths[0] > self._restart_window_s:
-                    deaths.popleft()
-                if not deaths:
-                    backoff.reset()
-                deaths.append(now)
-                if len(deaths) > self._max_restarts:
-                    self.health.task_failed(name, f"kept failing: {type(error).__name__}: {error}")
-                    log.critical(
-                        "%s died %d times within %.0f s, giving up: %s: %s",
-                        name,
-                        len(deaths),
-                        self._restart_window_s,
-                        type(error).__name__,
-                        error,
-                    )
-                    raise TaskKeptFailing(name, len(deaths), self._restart_window_s) from error
-                log.error("%s died, restarting it", name, exc_info=error)
-                self.health.task_failed(name, f"restarting after {type(error).__name__}: {error}")
-            if await sleep_unless_stopped(until, backoff.next_delay()):
-                return
-            self.health.task_restarted(name)
+        """Run `run()` under supervision until `until` is set; `TaskKeptFailing` when it dies
+        too often."""
+        await supervise(
+            name,
+            run,
+            until,
+            health=self.health,
+            backoff=self._restart_backoff(),
+            max_restarts=self._max_restarts,
+            restart_window_s=self._restart_window_s,
+        )
