@@ -210,6 +210,8 @@ class TestDeadLetters:
         expect(page.locator("#job-history tbody tr")).to_have_count(1)
         expect(page.locator("#job-history tbody tr").first).to_have_attribute("data-seq", "7")
         expect(page.locator("#job-history tbody tr").first).to_contain_text("vision")
+        # Nobody watches its stream: no gateway has a viewer of it.
+        expect(page.locator("#job-viewers")).to_have_text("0")
         # The other job's letter was not replayed.
         page.get_by_label("filter dead letters").fill("")
         expect(page.locator("#dl-table tbody tr", has_text=other)).to_have_count(1)

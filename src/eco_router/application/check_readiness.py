@@ -7,6 +7,7 @@ import logging
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import Broadcaster, EventSource, ReadinessMetrics
+from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class CheckReadiness:
     transient failure, and each quarantined shard is a failing check `shard <stream>` naming
     the cause. A process that does not route (a gateway-only `serve`) passes no router and
     is not asked about one. A process serving viewers has a `feed` check: "ok" unless its
-    Pub/Sub reader is reconnecting or retrying after a failure.
+    Pub/Sub reader is reconnecting or retrying after a failure; and a check per task of its
+    own (`presence`, posting its viewer counts), by the same rules as the router's loops.
 
     Every outcome goes to `metrics`, so an alert sees what the kubelet's probe saw. A check
     that starts failing is logged with its cause once (not once per probe), and again when it
@@ -62,7 +64,9 @@ class CheckReadiness:
         router: RouterService | None,
         feed: FeedHealth | None = None,
         metrics: ReadinessMetrics | None = None,
+        tasks: RouterHealth | None = None,
     ) -> None:
+        self._tasks = tasks
         self._source = source
         self._broadcaster = broadcaster
         self._router = router
@@ -82,6 +86,8 @@ class CheckReadiness:
             checks.update(self._router.health.checks())
         if self._feed is not None:
             checks.update(self._feed.checks())
+        if self._tasks is not None:
+            checks.update(self._tasks.checks())
         if self._metrics is not None:
             self._metrics.readiness_checked(checks)
         self._log_changes(checks)

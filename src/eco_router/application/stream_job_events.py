@@ -17,6 +17,7 @@ from eco_router.application.ports import (
     GatewayMetrics,
     StateStore,
 )
+from eco_router.application.presence import ViewerTally
 from eco_router.domain.sse import (
     IDLE,
     IDLE_FRAME,
@@ -99,6 +100,8 @@ class StreamJobEvents:
       that fails later ends the stream (reason `error`) and the client resumes.
     - A stream that ends at `done` is closed with reason `done`; at a failed event, `failed`;
       for an idle job, `idle`.
+    - Each open stream counts in `viewers` (its job's viewers on this process) from its opening
+      until it ends, however it ends; events cost the count nothing.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
       the job's terminal event or the latest event of an idle job, so the HTTP layer can
       tell it to stop reconnecting.
@@ -113,8 +116,10 @@ class StreamJobEvents:
         clock: Clock,
         metrics: GatewayMetrics,
         limits: StreamLimits | None = None,
+        viewers: ViewerTally | None = None,
     ) -> None:
         self._feed = feed
+        self._viewers = viewers or ViewerTally()
         self._store = store
         self._decoder = decoder
         self._clock = clock
@@ -155,10 +160,12 @@ class StreamJobEvents:
             await subscription.close()
             raise
         self._metrics.connection_opened()
+        self._viewers.opened(domain, job_id)
         return JobStream(
             subscription,
             self._metrics,
             lambda stream: self._frames(stream, subscription, domain, job_id, cursor, replay),
+            left=lambda: self._viewers.closed(domain, job_id),
         )
 
     async def __call__(
@@ -366,19 +373,22 @@ def _latest(*times_ms: int | None) -> int | None:
 class JobStream:
     """One client's open stream of a job: iterate it for its frames; `aclose` ends it.
 
-    Ending it releases the subscription and counts the connection closed, exactly once,
-    whether or not the frames were ever iterated.
+    Ending it releases the subscription, counts the connection closed and calls `left`,
+    exactly once, whether or not the frames were ever iterated.
     """
 
-    __slots__ = ("_frames", "_metrics", "_released", "_subscription", "reason", "writer")
+    __slots__ = ("_frames", "_left", "_metrics", "_released", "_subscription", "reason", "writer")
 
     def __init__(
         self,
         subscription: FeedSubscription,
         metrics: GatewayMetrics,
         frames: Callable[[JobStream], AsyncGenerator[bytes]],
+        *,
+        left: Callable[[], None] = lambda: None,
     ) -> None:
         self.reason = "disconnect"
+        self._left = left
         # Set before iterating: live events may then be written straight to the client.
         self.writer: FrameWriter | None = None
         self._subscription = subscription
@@ -400,6 +410,7 @@ class JobStream:
         # Counted first: a disconnected client's task is cancelled, which can cut the
         # await below short.
         self._metrics.connection_closed(self.reason)
+        self._left()
         await self._subscription.close()
 
 

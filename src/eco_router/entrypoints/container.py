@@ -12,6 +12,7 @@ from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.leases import InMemoryLeaseStore
+from eco_router.adapters.memory.presence_board import InMemoryPresenceBoard
 from eco_router.adapters.memory.publisher import InMemoryStreamPublisher
 from eco_router.adapters.memory.shard_progress import InMemoryShardProgress
 from eco_router.adapters.memory.state_store import InMemoryStateStore
@@ -26,6 +27,7 @@ from eco_router.adapters.redis.dead_letters import (
 )
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
+from eco_router.adapters.redis.presence_board import RedisPresenceBoard
 from eco_router.adapters.redis.publisher import AsyncStreamPublisher
 from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.shard_progress import RedisShardProgress
@@ -41,6 +43,12 @@ from eco_router.application.held_shards import HeldShards
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
+from eco_router.application.presence import (
+    LAPSE_AFTER_PERIODS,
+    CountJobViewers,
+    PostViewerCounts,
+    ViewerTally,
+)
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.replay_dead_letters import ReplayDeadLetters
 from eco_router.application.route_batch import RouteBatch
@@ -195,6 +203,10 @@ class Container(containers.DeclarativeContainer):
         restart_window_s=settings.provided.task_restart_window_s,
     )
     feed_health = providers.Singleton(FeedHealth)
+    # The gateway's own supervised tasks (the presence poster); none runs in a worker.
+    gateway_health = providers.Singleton(
+        RouterHealth, clock=clock, metrics=metrics, idle_check=None
+    )
     readiness_metrics = providers.Singleton(PrometheusReadinessMetrics, registry=metrics_registry)
     check_readiness = providers.Singleton(
         CheckReadiness,
@@ -203,12 +215,17 @@ class Container(containers.DeclarativeContainer):
         router=router,
         feed=feed_health,
         metrics=readiness_metrics,
+        tasks=gateway_health,
     )
 
     memory_streams = providers.Singleton(InMemoryStreams, clock=clock)
 
     decoder = providers.Singleton(OrjsonEventDecoder)
-    gateway_metrics = providers.Singleton(PrometheusGatewayMetrics, registry=metrics_registry)
+    # The job streams open in this process, counted as they open and close.
+    viewer_tally = providers.Singleton(ViewerTally)
+    gateway_metrics = providers.Singleton(
+        PrometheusGatewayMetrics, registry=metrics_registry, viewers=viewer_tally
+    )
     event_feed = providers.Resource(
         open_event_feed,
         pubsub_redis,
@@ -238,6 +255,24 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         metrics=gateway_metrics,
         limits=stream_limits,
+        viewers=viewer_tally,
+    )
+    # Every gateway's viewer counts, on the Pub/Sub server (volatile, like the channels);
+    # a gateway's lapse a few periods after its last post.
+    presence_ttl_s = providers.Callable(
+        lambda interval_s: LAPSE_AFTER_PERIODS * interval_s, settings.provided.presence_interval_s
+    )
+    presence_board = providers.Singleton(
+        RedisPresenceBoard,
+        pubsub_redis,
+        namespace=settings.provided.channel_prefix,
+        ttl_s=presence_ttl_s,
+    )
+    post_viewer_counts = providers.Singleton(
+        PostViewerCounts,
+        tally=viewer_tally,
+        board=presence_board,
+        gateway=settings.provided.consumer_name,
     )
 
     # The operator console: what `status`, `dlq` and `state` read, for the HTTP layer.
@@ -266,6 +301,9 @@ class Container(containers.DeclarativeContainer):
     )
     look_up_job = providers.Singleton(
         LookUpJob, store=state_store, families=settings.provided.streams
+    )
+    count_job_viewers = providers.Singleton(
+        CountJobViewers, board=presence_board, families=settings.provided.streams
     )
 
     producer_config = providers.Singleton(demo_producer_config, settings)
@@ -340,6 +378,13 @@ def use_in_memory(container: Container) -> None:
     container.dead_letter_archive.override(
         providers.Singleton(InMemoryDeadLetterArchive, container.memory_streams)
     )
+    container.presence_board.override(
+        providers.Singleton(
+            InMemoryPresenceBoard,
+            clock=container.clock,
+            ttl_s=container.presence_ttl_s,
+        )
+    )
     container.shard_progress.override(
         providers.Singleton(
             InMemoryShardProgress,
@@ -380,6 +425,7 @@ def build_container(
                 router=None,
                 feed=container.feed_health,
                 metrics=container.readiness_metrics,
+                tasks=container.gateway_health,
             )
         )
     return container

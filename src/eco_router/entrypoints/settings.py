@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     quarantine_retry_s: float = Field(10, gt=0, le=3600)
     task_max_restarts: int = Field(5, ge=0, le=1000)
     task_restart_window_s: float = Field(60, gt=0, le=86_400)
+    # How often a gateway posts its viewer counts for the console (sooner after a change);
+    # they lapse after three of these without a post.
+    presence_interval_s: float = Field(5, gt=0, le=300)
 
     @field_validator("streams", mode="before")
     @classmethod

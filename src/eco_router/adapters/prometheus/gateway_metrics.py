@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from eco_router.application.ports import GatewayMetrics
+from eco_router.application.presence import ViewerTally
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class PrometheusGatewayMetrics(GatewayMetrics):
-    """Registers the gateway's metrics on `registry`."""
+    """Registers the gateway's metrics on `registry`, with its viewer gauges when given the
+    process's `viewers`."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, viewers: ViewerTally | None = None) -> None:
+        if viewers is not None:
+            registry.register(ViewerGauges(viewers))
         self._active = Gauge(
             "event_router_gateway_connections_active",
             "SSE connections open now.",
@@ -100,3 +108,28 @@ class PrometheusGatewayMetrics(GatewayMetrics):
 
     def feed_recovered(self) -> None:
         self._feed_failing.set(0)
+
+
+class ViewerGauges(Collector):
+    """Viewers and jobs watched per domain, read from the tally when scraped: nothing is
+    updated per stream or per event, and no label names a job (one series per domain)."""
+
+    def __init__(self, viewers: ViewerTally) -> None:
+        self._viewers = viewers
+
+    def collect(self) -> Iterator[Metric]:
+        streams = GaugeMetricFamily(
+            "event_router_gateway_viewers",
+            "Job streams (viewers) open now on this gateway, by domain.",
+            labels=["domain"],
+        )
+        jobs = GaugeMetricFamily(
+            "event_router_gateway_jobs_watched",
+            "Jobs with at least one viewer on this gateway now, by domain.",
+            labels=["domain"],
+        )
+        for domain, (viewers, watched) in sorted(self._viewers.by_domain().items()):
+            streams.add_metric([domain], viewers)
+            jobs.add_metric([domain], watched)
+        yield streams
+        yield jobs

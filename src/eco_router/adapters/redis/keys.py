@@ -64,3 +64,24 @@ class DeadLetterKeys:
 
     def marker(self, source_stream: str, entry_id: str) -> str:
         return f"eco-router:dead-lettered:{{{self.stream}}}:{source_stream}:{entry_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceKeys:
+    """The viewer counts the gateways post: one hash per gateway (job → viewers) and the
+    registry of gateways by expiry; all under the namespace's hash tag, so one script may
+    take the registry and a gateway's hash together on a Redis Cluster."""
+
+    namespace: str
+
+    @property
+    def gateways(self) -> str:
+        return f"eco-router:presence:{{{self.namespace}}}:gateways"
+
+    def gateway(self, gateway: str) -> str:
+        return f"eco-router:presence:{{{self.namespace}}}:gateway:{gateway}"
+
+    @staticmethod
+    def field(domain: str, job_id: str) -> str:
+        """A job's field in a gateway's hash (a domain never holds a colon)."""
+        return f"{domain}:{job_id}"

@@ -15,6 +15,7 @@ from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
 from eco_router.application.ports import EventFeed
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.gateway_tasks import GatewayTasks
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
@@ -58,7 +59,8 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
             log.warning(
                 "EVENT_ROUTER_JWT_SECRET is not set: every job's events are open to everyone"
             )
-        async with RouterRunner(container, route=route) as runner:
+        # The gateway's tasks end before the runner closes the connections they post on.
+        async with RouterRunner(container, route=route) as runner, GatewayTasks(container):
             app.state.runner = runner
             # Kept for `end_streams`, whichever adapter serves the feed: the Redis one is a
             # Resource the runner has opened, the in-memory one a plain singleton.

@@ -26,10 +26,11 @@ from pydantic import BaseModel, Field
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDeadLetters
-from eco_router.application.errors import Forbidden, Unauthorized
+from eco_router.application.errors import Forbidden, TransientError, Unauthorized
 from eco_router.application.job_lookup import LookUpJob
 from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
+from eco_router.application.presence import CountJobViewers, JobViewers
 from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
@@ -196,17 +197,27 @@ async def job(
     domain: str,
     job_id: str,
     look_up: LookUpJob = Depends(Provide[Container.look_up_job]),  # noqa: B008
+    count_viewers: CountJobViewers = Depends(Provide[Container.count_job_viewers]),  # noqa: B008
 ) -> Response:
     with _client_errors():
         view = await look_up(domain, job_id)
     if view.state is None and not view.history:
         raise HTTPException(404, f"no state for {domain} job {job_id!r} (unknown or expired)")
+    try:
+        viewers: JobViewers | None = await count_viewers(domain, job_id)
+    except TransientError as error:
+        # The job's state is worth showing without its viewers: they read "unknown".
+        log.warning("console: viewer counts of %s unreadable: %s", job_id, error)
+        viewers = None
     return _json(
         {
             "domain": domain,
             "job_id": job_id,
             "state": _payload(view.state) if view.state is not None else None,
             "history": [_payload(p) for p in view.history],
+            "viewers": None
+            if viewers is None
+            else {"total": viewers.total, "by_gateway": viewers.by_gateway},
         }
     )
 
