@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
+from eco_router.adapters.memory.presence_board import InMemoryPresenceBoard
 from eco_router.entrypoints.container import Container, build_container
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
@@ -76,3 +77,40 @@ class TestTheConsoleJobLookup:
         assert 'event_router_gateway_viewers{domain="scan"} 2.0' in metrics
         assert 'event_router_gateway_jobs_watched{domain="scan"} 1.0' in metrics
         assert ready["checks"]["presence"] == "ok"
+
+
+class TestThePresencePoster:
+    async def test_a_board_out_of_reach_fails_readiness_until_a_post_succeeds_again(
+        self, served: tuple[FastAPI, Container]
+    ) -> None:
+        app, container = served
+        board = await resolve(container.presence_board())
+        assert isinstance(board, InMemoryPresenceBoard)
+        async with client_of(app) as client:
+
+            async def presence_check() -> str:
+                return str((await client.get("/ready")).json()["checks"]["presence"])
+
+            board.available = False
+            # The public port names the failing component only; the cause is in the log.
+            await eventually(lambda: _is(presence_check(), "presence failing"), every_s=0.02)
+            board.available = True
+            await eventually(lambda: _is(presence_check(), "ok"), every_s=0.02)
+
+    async def test_a_clean_stop_takes_the_gateways_counts_off_the_board(self) -> None:
+        settings = load_settings(presence_interval_s=0.1, consumer_name="gateway-a")
+        container = build_container(settings, in_memory=True)
+        app = create_app(container)
+        board = await resolve(container.presence_board())
+        async with LifespanManager(app):
+            stream = await resolve(container.stream_job_events())
+            opened = await stream.open("scan", "job-1")
+            await eventually(lambda: board.viewers("scan", "job-1"), every_s=0.02)
+        container.unwire()
+
+        assert await board.viewers("scan", "job-1") == {}
+        await opened.aclose()
+
+
+async def _is(text: Awaitable[str], expected: str) -> bool:
+    return await text == expected
