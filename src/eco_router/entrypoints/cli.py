@@ -2,7 +2,8 @@
 
 Only the argument parser is imported at start: each command imports what it needs when it
 runs (the web stack for `serve` and `worker`, Redis for the operator commands, JWT for
-`token`), so `--version`, `--help` and the operator commands start quickly.
+`token`), so `--version`, `--help` and the operator commands start quickly. Those imports
+run with the garbage collector paused, and the exit does not collect (`gc_tuning`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from eco_router import __version__
 from eco_router.domain.parsing import JOB_ID_PATTERN
 from eco_router.domain.progress import StagePlan, Status
 from eco_router.entrypoints.exit_codes import ExitCode
+from eco_router.entrypoints.gc_tuning import no_collection_at_exit, start_up_uncollected
 from eco_router.entrypoints.startup_log import log_start
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ _OPERATOR_COMMANDS = frozenset({"publish", "demo", "state", "dlq", "status"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    no_collection_at_exit()
     args = _parser().parse_args(argv)
     if args.command == "serve":
         if args.in_memory and args.no_router:
@@ -57,13 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from redis.exceptions import RedisError
+    with start_up_uncollected():
+        from redis.exceptions import RedisError
 
-    from eco_router.application.errors import PortError
-    from eco_router.domain.progress import InvalidProgressEvent
-    from eco_router.entrypoints.discovery import InMemoryServeOnly
-    from eco_router.entrypoints.operator_commands import UsageError
-    from eco_router.entrypoints.startup_checks import StartupFailure
+        from eco_router.application.errors import PortError
+        from eco_router.domain.progress import InvalidProgressEvent
+        from eco_router.entrypoints.discovery import InMemoryServeOnly
+        from eco_router.entrypoints.operator_commands import UsageError
+        from eco_router.entrypoints.startup_checks import StartupFailure
 
     choice = None
     try:
@@ -140,7 +144,8 @@ def _server(settings: Settings, choice: ServerChoice) -> Server:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from eco_router.entrypoints.token_command import TokenRefused, mint
+    with start_up_uncollected():
+        from eco_router.entrypoints.token_command import TokenRefused, mint
 
     settings = _settings(None)
     if settings is None:

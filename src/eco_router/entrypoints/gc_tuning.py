@@ -1,10 +1,14 @@
-"""Garbage-collector settings for a long-running server process."""
+"""Garbage-collector settings: for a long-running server process, and for the start and the
+exit of every command."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,39 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
     if _collections not in gc.callbacks:
         gc.callbacks.append(_collections)
+
+
+@contextmanager
+def start_up_uncollected() -> Iterator[None]:
+    """Run a command's start-up imports with the cyclic collector paused, then freeze what
+    they made.
+
+    The modules, classes and validators they make (some 45,000 objects for `publish`) live
+    as long as the process: the collections that ran while they loaded freed a few hundred
+    objects for about a tenth of a short command's CPU, and frozen, these objects are left
+    out of every later collection. The collector is on again once they are loaded.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def no_collection_at_exit() -> None:
+    """Freeze every object when the interpreter exits, before its last full collections.
+
+    Those walk every object the process made only for the memory to go back to the system
+    with the process: about a fifth of a short command's CPU. Objects are still finalized
+    as the modules are cleared; only those in reference cycles are not, which Python does
+    not promise at exit anyway.
+    """
+    # Once, however many times a process runs a command (the tests run many).
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 class _State:
