@@ -125,6 +125,7 @@ class TestHttpAppOnRedis:
             "reclaimer": "ok",
             "observer": "ok",
             "feed": "ok",
+            "presence": "ok",
         }
         assert routed == 1
         state = await job_state(streams_redis, "scan-http")
