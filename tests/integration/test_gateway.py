@@ -918,7 +918,10 @@ class TestWithoutARouter:
                 events = await stream.read_to_end()
             consumers = await group_consumers(redis)
 
-        assert ready == {"ready": True, "checks": {"streams": "ok", "pubsub": "ok", "feed": "ok"}}
+        assert ready == {
+            "ready": True,
+            "checks": {"streams": "ok", "pubsub": "ok", "feed": "ok", "presence": "ok"},
+        }
         assert snapshot.event == "snapshot"
         assert ids_and_names(events) == [("0", "queued"), ("10", "vision"), ("51", "done")]
         assert gateway.name not in consumers
