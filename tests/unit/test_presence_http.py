@@ -80,7 +80,7 @@ class TestTheConsoleJobLookup:
 
 
 class TestThePresencePoster:
-    async def test_a_board_out_of_reach_fails_readiness_until_a_post_succeeds_again(
+    async def test_a_board_out_of_reach_shows_in_readiness_without_failing_it(
         self, served: tuple[FastAPI, Container]
     ) -> None:
         app, container = served
@@ -94,6 +94,9 @@ class TestThePresencePoster:
             board.available = False
             # The public port names the failing component only; the cause is in the log.
             await eventually(lambda: _is(presence_check(), "presence failing"), every_s=0.02)
+            # Viewer counts are for display: the gateway still streams, so it stays in rotation.
+            ready = await client.get("/ready")
+            assert (ready.status_code, ready.json()["ready"]) == (200, True)
             board.available = True
             await eventually(lambda: _is(presence_check(), "ok"), every_s=0.02)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth
@@ -22,6 +23,14 @@ PUBLIC_REASONS = {
 }
 QUARANTINED = "quarantined"
 FAILING = "failing"
+# Checks shown (and measured) but not gating readiness: a gateway whose viewer counts cannot be
+# posted still streams every event, so it stays in rotation.
+ADVISORY = frozenset({"presence"})
+
+
+def is_ready(checks: Mapping[str, object]) -> bool:
+    """Every check but the advisory ones is "ok"."""
+    return all(value == OK for name, value in checks.items() if name not in ADVISORY)
 
 
 def public_checks(checks: dict[str, str]) -> dict[str, str]:

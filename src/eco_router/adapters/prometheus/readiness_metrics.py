@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from eco_router.application.check_readiness import is_ready
 from eco_router.application.ports import ReadinessMetrics
 
 
@@ -27,7 +28,7 @@ class PrometheusReadinessMetrics(ReadinessMetrics):
         self._seen: set[str] = set()
 
     def readiness_checked(self, checks: Mapping[str, str]) -> None:
-        self._ready.set(1 if all(value == "ok" for value in checks.values()) else 0)
+        self._ready.set(1 if is_ready(checks) else 0)
         # A quarantined shard's check disappears when it routes again: its series goes to 0
         # rather than keeping its last value.
         for check in self._seen - checks.keys():

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from eco_router.application.check_readiness import CheckReadiness, public_checks
+from eco_router.application.check_readiness import CheckReadiness, is_ready, public_checks
 from eco_router.entrypoints.container import Container
 
 router = APIRouter()
@@ -49,5 +49,5 @@ async def metrics(
 
 
 def readiness_response(checks: dict[str, Any]) -> JSONResponse:
-    ready = all(value == "ok" for value in checks.values())
+    ready = is_ready(checks)
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
