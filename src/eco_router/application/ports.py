@@ -256,7 +256,19 @@ class Clock(Protocol):
 
 
 @runtime_checkable
-class RouterMetrics(Protocol):
+class HealthMetrics(Protocol):
+    """What a process's health records: its supervised tasks and quarantined shards."""
+
+    def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
+        """A permanent error took the shard out of routing (True) or it routes again."""
+        ...
+
+    def task_restarted(self, task: str) -> None:
+        """A supervised task died with an unexpected error and was started again."""
+        ...
+
+
+class RouterMetrics(HealthMetrics, Protocol):
     """What the router reports about its work, aggregated per batch where possible."""
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
@@ -306,14 +318,6 @@ class RouterMetrics(Protocol):
 
     def routers_alive(self, count: int) -> None:
         """Routers of the group alive at the last heartbeat."""
-        ...
-
-    def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
-        """A permanent error took the shard out of routing (True) or it routes again."""
-        ...
-
-    def task_restarted(self, task: str) -> None:
-        """A supervised task died with an unexpected error and was started again."""
         ...
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from eco_router.application.errors import PermanentError
-from eco_router.application.ports import Clock, RouterMetrics
+from eco_router.application.ports import Clock, HealthMetrics
 from eco_router.domain.streams import StreamFamily, shard_of
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class RouterHealth:
         self,
         *,
         clock: Clock,
-        metrics: RouterMetrics,
+        metrics: HealthMetrics,
         families: Sequence[StreamFamily] = (),
         quarantine_retry_s: float = 10.0,
         idle_check: str | None = "router",

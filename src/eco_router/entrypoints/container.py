@@ -18,6 +18,7 @@ from eco_router.adapters.memory.shard_progress import InMemoryShardProgress
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
+from eco_router.adapters.prometheus.health_metrics import PrometheusHealthMetrics
 from eco_router.adapters.prometheus.readiness_metrics import PrometheusReadinessMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
 from eco_router.adapters.redis.connection import open_pinned_reader, open_redis
@@ -73,7 +74,10 @@ class Container(containers.DeclarativeContainer):
 
     clock = providers.Singleton(SystemClock)
     metrics_registry = providers.Singleton(CollectorRegistry)
-    metrics = providers.Singleton(PrometheusRouterMetrics, registry=metrics_registry)
+    health_metrics = providers.Singleton(PrometheusHealthMetrics, registry=metrics_registry)
+    metrics = providers.Singleton(
+        PrometheusRouterMetrics, registry=metrics_registry, health=health_metrics
+    )
     encoder = providers.Singleton(OrjsonEventEncoder)
 
     streams_redis = providers.Resource(
@@ -205,7 +209,7 @@ class Container(containers.DeclarativeContainer):
     feed_health = providers.Singleton(FeedHealth)
     # The gateway's own supervised tasks (the presence poster); none runs in a worker.
     gateway_health = providers.Singleton(
-        RouterHealth, clock=clock, metrics=metrics, idle_check=None
+        RouterHealth, clock=clock, metrics=health_metrics, idle_check=None
     )
     readiness_metrics = providers.Singleton(PrometheusReadinessMetrics, registry=metrics_registry)
     check_readiness = providers.Singleton(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from eco_router.application.messages import ShardStats
-from eco_router.application.ports import RouterMetrics
+from eco_router.application.ports import HealthMetrics, RouterMetrics
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.verdict import Verdict
 
@@ -18,8 +18,9 @@ _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 class PrometheusRouterMetrics(RouterMetrics):
     """Registers the router's metrics on `registry` (one registry per process or test)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, health: HealthMetrics) -> None:
         self.registry = registry
+        self._health = health
         self._events = Counter(
             "event_router_events",
             "Events judged, by domain and verdict.",
@@ -125,19 +126,6 @@ class PrometheusRouterMetrics(RouterMetrics):
             "Routers of the group alive at this router's last heartbeat.",
             registry=registry,
         )
-        self._quarantined = Gauge(
-            "event_router_shard_quarantined",
-            "1 while a permanent error (a key of the wrong type, ...) keeps the shard out of "
-            "routing, else 0.",
-            ["domain", "shard"],
-            registry=registry,
-        )
-        self._restarts = Counter(
-            "event_router_task_restarts",
-            "Supervised tasks restarted after dying with an unexpected error.",
-            ["task"],
-            registry=registry,
-        )
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
@@ -186,7 +174,7 @@ class PrometheusRouterMetrics(RouterMetrics):
         self._routers.set(count)
 
     def shard_quarantined(self, domain: str, shard: int, quarantined: bool) -> None:
-        self._quarantined.labels(domain, str(shard)).set(1 if quarantined else 0)
+        self._health.shard_quarantined(domain, shard, quarantined)
 
     def task_restarted(self, task: str) -> None:
-        self._restarts.labels(task).inc()
+        self._health.task_restarted(task)
