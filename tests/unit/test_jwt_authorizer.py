@@ -239,3 +239,25 @@ class TestDomains:
         authorizer.authorize(token, "job-9", domain="chat")
         with pytest.raises(Forbidden):
             authorizer.authorize(token, "job-9", domain="scan")
+
+
+class TestGrantedJobs:
+    def test_a_token_names_its_jobs_in_its_domain(self, authorizer: JwtAuthorizer) -> None:
+        token = make_token(domain="chat", jobs=["a", "b"])
+        assert authorizer.granted_jobs(token) == [("chat", "a"), ("chat", "b")]
+
+    def test_a_token_naming_no_domain_names_scan_jobs(self, authorizer: JwtAuthorizer) -> None:
+        assert authorizer.granted_jobs(make_token(jobs=["a"])) == [("scan", "a")]
+
+    @pytest.mark.parametrize(("domain", "jobs"), [("*", ["a"]), ("scan", ["*"]), ("*", ["*"])])
+    def test_a_wildcard_names_no_finite_set(
+        self, authorizer: JwtAuthorizer, domain: str, jobs: list[str]
+    ) -> None:
+        assert authorizer.granted_jobs(make_token(domain=domain, jobs=jobs)) is None
+
+    def test_a_token_not_valid_is_unauthorized(self, authorizer: JwtAuthorizer) -> None:
+        with pytest.raises(Unauthorized):
+            authorizer.granted_jobs(make_token(secret=OTHER_SECRET))
+
+    def test_the_open_authorizer_names_no_set(self) -> None:
+        assert OpenAuthorizer().granted_jobs(None) is None

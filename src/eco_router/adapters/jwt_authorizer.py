@@ -33,6 +33,20 @@ class JwtAuthorizer(Authorizer):
         self._options: Options = {"require": ["exp"] if require_exp else []}
 
     def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
+        granted, jobs = self._grant(token)
+        if granted not in (ANY, domain):
+            raise Forbidden("the token does not grant this domain")
+        if ANY not in jobs and job_id not in jobs:
+            raise Forbidden("the token does not grant this job")
+
+    def granted_jobs(self, token: str | None) -> list[tuple[str, str]] | None:
+        granted, jobs = self._grant(token)
+        if granted == ANY or ANY in jobs:
+            return None
+        return [(granted, job_id) for job_id in jobs]
+
+    def _grant(self, token: str | None) -> tuple[str, list[str]]:
+        """The token's domain and jobs, once it is checked."""
         if not token:
             raise Unauthorized("a bearer token is required")
         try:
@@ -46,13 +60,10 @@ class JwtAuthorizer(Authorizer):
         granted = claims.get("domain", LEGACY_DOMAIN)
         if not isinstance(granted, str):
             raise Forbidden("the token's `domain` is not a string")
-        if granted not in (ANY, domain):
-            raise Forbidden("the token does not grant this domain")
         jobs = claims.get("jobs")
         if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
             raise Forbidden("the token has no `jobs` list")
-        if ANY not in jobs and job_id not in jobs:
-            raise Forbidden("the token does not grant this job")
+        return granted, jobs
 
     def issue(self, domain: str, job_ids: list[str], *, ttl_s: int) -> str:
         """A token for `job_ids` of `domain`, valid for `ttl_s` seconds (the demo page's jobs)."""
@@ -64,4 +75,7 @@ class OpenAuthorizer(Authorizer):
     """Lets everyone watch every job (no secret configured)."""
 
     def authorize(self, token: str | None, job_id: str, *, domain: str) -> None:
+        return None
+
+    def granted_jobs(self, token: str | None) -> list[tuple[str, str]] | None:
         return None

@@ -437,6 +437,11 @@ class Authorizer(Protocol):
         in `domain`."""
         ...
 
+    def granted_jobs(self, token: str | None) -> list[tuple[str, str]] | None:
+        """The (domain, job id) pairs a valid token names; None when it names no finite set
+        (a wildcard, or no token is needed at all). `Unauthorized` for a token not valid."""
+        ...
+
 
 @runtime_checkable
 class AdminAuthorizer(Protocol):

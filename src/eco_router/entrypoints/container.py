@@ -56,6 +56,7 @@ from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
+from eco_router.application.stream_many_jobs import StreamManyJobs
 from eco_router.entrypoints.factories import (
     demo_chat_producer_config,
     demo_producer_config,
@@ -260,6 +261,9 @@ class Container(containers.DeclarativeContainer):
         metrics=gateway_metrics,
         limits=stream_limits,
         viewers=viewer_tally,
+    )
+    stream_many_jobs = providers.Singleton(
+        StreamManyJobs, jobs=stream_job_events, keepalive_s=settings.provided.sse_keepalive_s
     )
     # Every gateway's viewer counts, on the Pub/Sub server (volatile, like the channels);
     # a gateway's lapse a few periods after its last post.

@@ -144,6 +144,8 @@ class Settings(BaseSettings):
     sse_queue_size: int = Field(256, ge=2, le=100_000)
     # Bounds on clients of `serve` (slow, idle or too many connections).
     sse_max_per_client: int = Field(32, ge=1, le=100_000)
+    # Jobs on one `GET /api/v1/streams` connection; its Last-Event-ID grows 14 bytes a job.
+    sse_max_jobs_per_stream: int = Field(50, ge=1, le=500)
     http_max_connections: int = Field(1000, ge=1, le=1_000_000)
     http_header_timeout_s: float = Field(10, gt=0, le=3600)
     http_idle_timeout_s: int = Field(5, ge=1, le=3600)

@@ -12,6 +12,7 @@ from eco_router.adapters.jwt_authorizer import JwtAuthorizer
 from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.ports import Authorizer
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.many_job_streams import many_jobs_stream
 from eco_router.entrypoints.http.sse_responses import job_event_stream
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import Settings
@@ -64,6 +65,35 @@ async def legacy_job_events(
     last_event_id: str | None = None,
 ) -> Response:
     return await open_job_events(request, "scan", job_id, last_event_id)
+
+
+@router.get(
+    "/api/v1/streams",
+    response_class=StreamingResponse,
+    responses={204: {"description": "Every job has ended at the Last-Event-ID."}},
+)
+async def many_job_events(
+    request: Request,
+    job: list[str] = Query(  # noqa: B008
+        default=[], description="domain:job_id, repeatable; none: the token's jobs"
+    ),
+    last_event_id: str | None = None,
+) -> Response:
+    """Many jobs' events on one stream ([SSE.md](docs/SSE.md#many-jobs-on-one-stream))."""
+    container: Container = request.app.state.container
+    settings = container.settings()
+    return await many_jobs_stream(
+        request,
+        named=job,
+        last_event_id=last_event_id,
+        domains=settings.domains,
+        max_jobs=settings.sse_max_jobs_per_stream,
+        cookie=settings.jwt_cookie,
+        authorizer=await resolve(container.authorizer()),
+        admin_authorizer=await resolve(container.admin_authorizer()),
+        stream=await resolve(container.stream_many_jobs()),
+        client_streams=request.app.state.client_streams,
+    )
 
 
 @router.post("/api/v1/demo/jobs", status_code=201)
