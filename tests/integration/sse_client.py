@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -130,7 +130,7 @@ async def open_sse(
     client: httpx.AsyncClient,
     path: str,
     *,
-    params: Mapping[str, str] | None = None,
+    params: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[SseStream]:
     """GET `path` as an event stream; the connection is closed on exit."""
