@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from eco_router.entrypoints.http.demo_throttle import Throttle, TokenBucket
+import pytest
+
+from eco_router.entrypoints.http.demo_throttle import Throttle, TokenBucket, requested_jobs
 
 
 def make_throttle(**overrides: float) -> Throttle:
@@ -58,6 +60,15 @@ class TestThrottle:
 
         assert waits == [0, 0, 1.0]
 
+    def test_a_request_for_several_jobs_is_one_of_its_client_and_many_of_the_process(
+        self,
+    ) -> None:
+        throttle = make_throttle(rate=1.0, burst=20, client_burst=2)
+
+        assert throttle.admit("10.0.0.1", 0.0, jobs=20) == 0
+        assert throttle.admit("10.0.0.2", 0.0) == 1.0
+        assert throttle.admit("10.0.0.1", 20.0, jobs=20) == 0  # one of its two requests left
+
     def test_a_refused_request_takes_no_token(self) -> None:
         throttle = make_throttle(rate=1.0, burst=1, client_burst=5)
         throttle.admit("10.0.0.1", 0.0)
@@ -74,3 +85,22 @@ class TestThrottle:
 
         assert throttle.admit("b", 0.0) > 0
         assert throttle.admit("a", 0.0) == 0
+
+
+class TestRequestedJobs:
+    @pytest.mark.parametrize(
+        ("query", "jobs"),
+        [
+            (b"", 1),
+            (b"count=20", 20),
+            (b"count=500", 20),
+            (b"count=x", 1),
+            (b"count=0", 1),
+            (b"count=2&count=3", 1),
+            (b"fail=true&count=5", 5),
+        ],
+    )
+    def test_the_count_asked_for_within_the_most_a_request_starts(
+        self, query: bytes, jobs: int
+    ) -> None:
+        assert requested_jobs(query) == jobs

@@ -7,11 +7,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 DEMO_JOBS_PATH = "/api/v1/demo/jobs"
+# The most demo jobs one request starts (a dashboard's).
+MAX_DEMO_JOBS_PER_REQUEST = 20
 
 
 @dataclass(slots=True)
@@ -27,14 +30,14 @@ class TokenBucket:
     def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
         return cls(rate=rate, burst=burst, tokens=burst, updated=now)
 
-    def wait_s(self, now: float) -> float:
-        """Seconds until a token is available (0 when one is now); takes nothing."""
+    def wait_s(self, now: float, need: int = 1) -> float:
+        """Seconds until `need` tokens are available (0 when they are now); takes nothing."""
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+        return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
 
-    def take(self) -> None:
-        self.tokens -= 1
+    def take(self, count: int = 1) -> None:
+        self.tokens -= count
 
 
 class Throttle:
@@ -61,18 +64,21 @@ class Throttle:
         self._max_clients = max_clients
         self._clients: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def admit(self, client: str, now: float) -> float:
-        """0 when the request may go ahead (a token is taken), else the seconds to wait."""
+    def admit(self, client: str, now: float, *, jobs: int = 1) -> float:
+        """0 when the request may go ahead (tokens are taken), else the seconds to wait.
+
+        A request for several `jobs` (a dashboard's) is one request of its client, and as
+        many jobs of the process: what all clients together start stays bounded."""
         bucket = self._clients.pop(client, None) or TokenBucket.full(
             self._client_rate, self._client_burst, now
         )
         self._clients[client] = bucket
         if len(self._clients) > self._max_clients:
             self._clients.popitem(last=False)
-        wait = max(bucket.wait_s(now), self._process.wait_s(now))
+        wait = max(bucket.wait_s(now), self._process.wait_s(now, jobs))
         if wait == 0:
             bucket.take()
-            self._process.take()
+            self._process.take(jobs)
         return wait
 
 
@@ -101,7 +107,8 @@ class DemoJobThrottle:
             and scope["method"] == "POST"
         ):
             client = scope.get("client")
-            wait = self._throttle.admit(client[0] if client else "", self._clock())
+            jobs = requested_jobs(scope.get("query_string", b""))
+            wait = self._throttle.admit(client[0] if client else "", self._clock(), jobs=jobs)
             if wait > 0:
                 retry_after = max(1, math.ceil(wait))
                 response = JSONResponse(
@@ -112,3 +119,12 @@ class DemoJobThrottle:
                 await response(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+def requested_jobs(query_string: bytes) -> int:
+    """The jobs a request to start demo jobs asks for (`count`, 1 without it or when it is
+    not a count the route takes: the route refuses those)."""
+    values = parse_qs(query_string.decode("latin-1")).get("count", [])
+    if len(values) == 1 and values[0].isdigit():
+        return max(1, min(int(values[0]), MAX_DEMO_JOBS_PER_REQUEST))
+    return 1

@@ -12,6 +12,7 @@ from eco_router.adapters.jwt_authorizer import JwtAuthorizer
 from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.ports import Authorizer
 from eco_router.entrypoints.container import Container
+from eco_router.entrypoints.http.demo_throttle import MAX_DEMO_JOBS_PER_REQUEST
 from eco_router.entrypoints.http.many_job_streams import many_jobs_stream
 from eco_router.entrypoints.http.sse_responses import job_event_stream
 from eco_router.entrypoints.resolve import resolve
@@ -103,26 +104,46 @@ async def start_demo_job(
     response: Response,
     fail: bool = False,
     chat: bool = False,
+    count: int = Query(1, ge=1, le=MAX_DEMO_JOBS_PER_REQUEST),
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
     authorizer: Authorizer = DemoAuth,
     settings: Settings = DemoConfig,
-) -> dict[str, str]:
+) -> dict[str, object]:
+    """`count` demo jobs (a dashboard's: their events on one stream, `stream`); the first
+    one's `job_id` and `events` for a page watching one."""
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
-    job_id = await start(fail=fail, chat=chat)
+    job_ids = [await start(fail=fail, chat=chat) for _ in range(count)]
     container: Container = request.app.state.container
     family = container.chat_producer_config().family if chat else settings.streams[0]
     domain = family.domain
     if isinstance(authorizer, JwtAuthorizer):
-        # The page's EventSource sends cookies, not headers: give it a token for this job.
-        token = authorizer.issue(domain, [job_id], ttl_s=DEMO_TOKEN_TTL_S)
+        # The page's EventSource sends cookies, not headers: give it a token for these jobs.
+        token = authorizer.issue(domain, job_ids, ttl_s=DEMO_TOKEN_TTL_S)
         response.set_cookie(
             settings.jwt_cookie, token, max_age=DEMO_TOKEN_TTL_S, httponly=True, samesite="strict"
         )
-    return {"job_id": job_id, "domain": domain, "events": f"/api/v1/{domain}/{job_id}/events"}
+    job_id = job_ids[0]
+    return {
+        "job_id": job_id,
+        "domain": domain,
+        "events": f"/api/v1/{domain}/{job_id}/events",
+        "jobs": job_ids,
+        "stream": "/api/v1/streams?" + "&".join(f"job={domain}:{j}" for j in job_ids),
+    }
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def demo_page() -> HTMLResponse:
-    page = resources.files("eco_router.entrypoints.http").joinpath("static", "index.html")
+    return _static_page("index.html")
+
+
+@router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard_page() -> HTMLResponse:
+    """Many jobs over one connection (`/dashboard?job=scan:J1&job=scan:J2`, or demo jobs)."""
+    return _static_page("dashboard.html")
+
+
+def _static_page(name: str) -> HTMLResponse:
+    page = resources.files("eco_router.entrypoints.http").joinpath("static", name)
     return HTMLResponse(page.read_text(encoding="utf-8"))
