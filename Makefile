@@ -13,7 +13,7 @@ TOOLS := .tools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test redis-server chromium prometheus test check lint run worker bench \
-	bench-sse bench-chat soak reliability-report image bench-record bench-scaling fmt clean
+	bench-sse bench-many-jobs bench-chat soak reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(RUN_STAMP)
 
@@ -120,6 +120,11 @@ bench-scaling: venv redis-server
 # QUICK=1: 2,000 connections, 1,000 viewers of one job, 5 s of events per scenario.
 bench-sse: venv redis-server
 	$(BIN)/python -m bench.sse_bench $(if $(QUICK),--quick)
+
+# A dashboard's jobs on one connection against one connection per job (CPU, memory per job;
+# QUICK=1: 4 dashboards of 50 jobs, 5 s).
+bench-many-jobs: venv redis-server
+	$(BIN)/python -m bench.many_jobs_bench $(if $(QUICK),--quick)
 
 # Token streams: throughput, cost per token, resume, fan-out (QUICK=1: 100 answers, 3 s).
 bench-chat: venv redis-server

@@ -128,6 +128,9 @@ class Gateway(RouterProcess):
             EVENT_ROUTER_GATEWAY_METRICS="true",
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS=str(fds),
             EVENT_ROUTER_SSE_MAX_PER_CLIENT="100000",
+            # Every client is this process: no cap per address (it must be 0 or above the
+            # stream cap).
+            EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT="0",
         )
         if column.reference:
             command = [sys.executable, "-m", "bench.reference_gateway", "--port", str(self.port)]
