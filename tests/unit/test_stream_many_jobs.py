@@ -4,7 +4,7 @@ stream id that resumes every job exactly."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
 from dataclasses import dataclass, field
 
 import orjson
@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eco_router.application.ports import FrameWriter
 from eco_router.application.presence import ViewerTally
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.application.stream_many_jobs import ManyJobsStream, StreamManyJobs
@@ -67,17 +68,42 @@ def many(gw: Gateway, viewers: ViewerTally | None = None) -> StreamManyJobs:
     return StreamManyJobs(jobs=jobs, keepalive_s=15.0)
 
 
+class Connection(FrameWriter):
+    """A client's connection as the HTTP server hands it to the stream: what is written to
+    it goes out in order with the stream's own chunks."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, frame: bytes) -> None:
+        self._client.arrive(frame)
+
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        pass
+
+    def stop_keepalive(self) -> None:
+        pass
+
+
 @dataclass
 class Client:
     """A browser's EventSource on a stream of many jobs: it keeps the last id it got and
-    reconnects with it."""
+    reconnects with it. `direct`: its connection takes live frames straight from the
+    fan-out, as the HTTP server's does."""
 
     use_case: StreamManyJobs
     job_set: JobSet
+    direct: bool = False
     last_id: str | None = None
     got: list[Frame] = field(default_factory=list)
     stream: ManyJobsStream | None = None
-    _frames: AsyncIterator[bytes] | None = None
+    # What reached the connection, in order, not read yet; None: the stream ended.
+    _wire: list[bytes | None] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _reader: asyncio.Task[None] | None = None
 
     async def connect(self) -> bool:
         """False when the gateway answers that every job has ended (204)."""
@@ -89,17 +115,30 @@ class Client:
         self.stream = await self.use_case.open(self.job_set, positions)
         if self.stream is None:
             return False
-        self._frames = aiter(self.stream)
+        if self.direct:
+            self.stream.writer = Connection(self)
+        self._wire.clear()
+        self._reader = asyncio.create_task(self._read(self.stream))
         return True
+
+    def arrive(self, chunk: bytes | None) -> None:
+        self._wire.append(chunk)
+        self._arrived.set()
+
+    async def _read(self, stream: ManyJobsStream) -> None:
+        async for chunk in stream:
+            self.arrive(chunk)
+        self.arrive(None)
 
     async def read(self, *, keep: int | None = None) -> list[Frame] | None:
         """The next chunk's frames (None: the stream ended); with `keep`, the connection is
         cut after that many of them, as a cut mid-write would."""
-        assert self._frames is not None
-        try:
-            async with asyncio.timeout(HANGS_AFTER_S):
-                chunk = await anext(self._frames)
-        except StopAsyncIteration:
+        async with asyncio.timeout(HANGS_AFTER_S):
+            while not self._wire:
+                self._arrived.clear()
+                await self._arrived.wait()
+        chunk = self._wire.pop(0)
+        if chunk is None:
             return None
         frames = frames_of(chunk)
         if keep is not None:
@@ -112,9 +151,14 @@ class Client:
         return frames
 
     async def disconnect(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
         if self.stream is not None:
             await self.stream.aclose()
-        self.stream = self._frames = None
+        self.stream = self._reader = None
+        self._wire.clear()
 
     def seqs(self, job: tuple[str, str]) -> list[int]:
         return [f.event_id for f in self.got if f.job == job and f.event_id is not None]
@@ -246,18 +290,19 @@ def plays(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(play=plays(), produce_first=st.integers(min_value=0, max_value=20))
+@given(play=plays(), produce_first=st.integers(min_value=0, max_value=20), direct=st.booleans())
 def test_a_client_cut_anywhere_gets_every_jobs_events_once_in_order(
-    play: tuple[list[int], list[int], list[int]], produce_first: int
+    play: tuple[list[int], list[int], list[int]], produce_first: int, direct: bool
 ) -> None:
     """Some events are in the history before the client connects, the rest arrive live; the
     client's connection is cut after any number of frames of a chunk (zero: at once), and it
-    reconnects with the last stream id it got, until the stream ends with every job's `done`."""
-    asyncio.run(_play(*play, produce_first=produce_first))
+    reconnects with the last stream id it got, until the stream ends with every job's `done`.
+    `direct`: live frames are written straight to the connection while the stream waits."""
+    asyncio.run(_play(*play, produce_first=produce_first, direct=direct))
 
 
 async def _play(
-    lengths: list[int], order: list[int], cuts: list[int], *, produce_first: int
+    lengths: list[int], order: list[int], cuts: list[int], *, produce_first: int, direct: bool
 ) -> None:
     gw = Gateway()
     await gw.h.source.prepare()
@@ -277,7 +322,7 @@ async def _play(
             await produce_next(step)
             break
         await produce_next(step)
-    client = Client(many(gw), job_set)
+    client = Client(many(gw), job_set, direct=direct)
     pending_cuts = list(cuts)
     connected = await client.connect()
     while connected:

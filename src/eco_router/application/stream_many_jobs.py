@@ -40,6 +40,9 @@ class StreamManyJobs:
       resumes all of them from its Last-Event-ID, as it would each one alone.
     - Bounded: at most one chunk per job waits to be written; a job whose client is slow
       waits, its own queue drops and it catches up from the history, as alone.
+    - While the stream waits with nothing pending, a job's live event is retold and written
+      straight to the connection from the feed's fan-out (no task switch), as on a job's own
+      connection; anything else goes through the queue, so the order of writes is kept.
     - One keepalive for the connection, not one per job.
     """
 
@@ -116,6 +119,30 @@ class _UnwrittenFrames(FrameWriter):
 UNWRITTEN = _UnwrittenFrames()
 
 
+class _SharedConnection(FrameWriter):
+    """What a job's stream on a shared connection writes its live events through: retold
+    and written at once while the stream of many jobs waits with nothing pending, so a live
+    event costs no task switch, as on a job's own connection; else refused, and queued."""
+
+    __slots__ = ("_index", "_many")
+
+    def __init__(self, many: ManyJobsStream, index: int) -> None:
+        self._many = many
+        self._index = index
+
+    def writable(self) -> bool:
+        return self._many.writes_through()
+
+    def write(self, frame: bytes) -> None:
+        self._many.write_through(self._index, frame)
+
+    def keep_alive(self, every_s: float, frame: bytes) -> None:
+        return None
+
+    def stop_keepalive(self) -> None:
+        return None
+
+
 class ManyJobsStream:
     """One client's open stream of many jobs: iterate it for its frames; `aclose` ends it and
     every job's stream, however far it got."""
@@ -136,8 +163,12 @@ class ManyJobsStream:
         self._streams = streams
         self._keepalive_s = keepalive_s
         self._pumps: list[asyncio.Task[None]] = []
-        for stream in streams.values():
-            stream.writer = UNWRITTEN
+        # At most one chunk per job waits here: a job's stream that gets ahead waits its turn.
+        self._queue: asyncio.Queue[tuple[int, bytes | _Ended | BaseException]] = asyncio.Queue(
+            maxsize=len(streams)
+        )
+        # True only while the stream waits for a chunk, everything before it written.
+        self._idle = False
         self._frames = self._run()
 
     @property
@@ -152,12 +183,25 @@ class ManyJobsStream:
         await self._frames.aclose()
         await self._stop()
 
+    def writes_through(self) -> bool:
+        """Whether a job's live frame may be written now, in order: nothing is pending and the
+        connection takes it."""
+        return (
+            self._idle
+            and self._queue.empty()
+            and self.writer is not None
+            and self.writer.writable()
+        )
+
+    def write_through(self, i: int, chunk: bytes) -> None:
+        assert self.writer is not None
+        self.writer.write(self._retell(i, chunk))
+
     async def _run(self) -> AsyncGenerator[bytes]:
         writer = self.writer
-        # At most one chunk per job waits here: a job's stream that gets ahead waits its turn.
-        queue: asyncio.Queue[tuple[int, bytes | _Ended | BaseException]] = asyncio.Queue(
-            maxsize=len(self._streams)
-        )
+        queue = self._queue
+        for i, stream in self._streams.items():
+            stream.writer = UNWRITTEN if writer is None else _SharedConnection(self, i)
         self._pumps = [
             asyncio.create_task(self._pump(i, stream, queue)) for i, stream in self._streams.items()
         ]
@@ -174,7 +218,11 @@ class ManyJobsStream:
                         yield KEEPALIVE_FRAME
                         continue
                 else:
-                    item = await queue.get()
+                    self._idle = True
+                    try:
+                        item = await queue.get()
+                    finally:
+                        self._idle = False
                 out = []
                 while True:
                     i, got = item
@@ -220,13 +268,21 @@ class ManyJobsStream:
     ) -> None:
         """One job's frames into the shared queue, then how its stream ended; an error is
         handed on to be raised by the stream's reader, never lost."""
+        ended: _Ended | BaseException
         try:
             async for chunk in stream:
                 await queue.put((i, chunk))
+            ended = _Ended(stream.reason)
         except Exception as error:
-            await queue.put((i, error))
+            ended = error
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Stopped while the job's stream was closing, and its close swallowed the cancel:
+            # no reader is left to take the end, and the queue may be full.
+            if isinstance(ended, BaseException):
+                log.error("a job's stream failed as its connection closed", exc_info=ended)
             return
-        await queue.put((i, _Ended(stream.reason)))
+        await queue.put((i, ended))
 
     async def _stop(self) -> None:
         for pump in self._pumps:
