@@ -73,6 +73,22 @@ class TestOneWritePerTurn:
 
         assert wire.log == [http_chunk(b"data: 1\n\n") + http_chunk(b"data: 2\n\n")]
 
+    async def test_a_frame_of_one_connection_alone_goes_out_in_order_and_is_not_cached(
+        self,
+    ) -> None:
+        wire = Wire()
+        writer = writer_on(wire, ConnectionWrites())
+        cached = http_chunk.cache_info().currsize
+
+        writer.write(b"data: shared-by-viewers\n\n")
+        writer.write_own(b"id: f.1\ndata: own\n\n")
+        await next_turn()
+
+        assert wire.log == [
+            http_chunk(b"data: shared-by-viewers\n\n") + b"13\r\nid: f.1\ndata: own\n\n\r\n"
+        ]
+        assert http_chunk.cache_info().currsize == cached + 1  # the shared frame only
+
     async def test_each_connection_gets_its_own_frames_once(self) -> None:
         writes = ConnectionWrites()
         first, second = Wire(), Wire()

@@ -368,6 +368,11 @@ class FrameWriter(Protocol):
         """Queue one or more whole SSE frames on the connection; never blocks or raises."""
         ...
 
+    def write_own(self, frame: bytes) -> None:
+        """`write` for frames of this connection alone, not shared with other viewers: a
+        writer that keeps the encodings of shared frames need not keep these."""
+        self.write(frame)
+
     def keep_alive(self, every_s: float, frame: bytes) -> None:
         """From now on, write `frame` whenever nothing went to the connection for `every_s`
         (or a little longer: idleness is checked periodically), without the stream's task."""

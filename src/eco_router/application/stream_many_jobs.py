@@ -195,7 +195,7 @@ class ManyJobsStream:
 
     def write_through(self, i: int, chunk: bytes) -> None:
         assert self.writer is not None
-        self.writer.write(self._retell(i, chunk))
+        self.writer.write_own(self._retell(i, chunk))
 
     async def _run(self) -> AsyncGenerator[bytes]:
         writer = self.writer

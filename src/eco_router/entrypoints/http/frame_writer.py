@@ -106,7 +106,13 @@ class TransportFrameWriter(FrameWriter):
         )
 
     def write(self, frame: bytes) -> None:
-        chunk = http_chunk(frame)
+        self._add(http_chunk(frame))
+
+    def write_own(self, frame: bytes) -> None:
+        # Not through the cache: a frame no other viewer gets would only push out one they do.
+        self._add(b"%x\r\n%s\r\n" % (len(frame), frame))
+
+    def _add(self, chunk: bytes) -> None:
         if self._pending is None:
             self._pending = [chunk]
             self._batch.add(self)
