@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eco_router.application.errors import TransientError
 from eco_router.application.ports import FrameWriter
 from eco_router.application.presence import ViewerTally
 from eco_router.application.stream_job_events import StreamJobEvents
@@ -342,3 +343,34 @@ async def _play(
         assert client.seqs(("scan", name)) == list(range(1, lengths[i] + 1))
     # Nothing was lost that a snapshot would have to stand for.
     assert all(f.data.get("state") is None for f in client.got if f.event == "snapshot")
+
+
+class TestOutages:
+    async def test_an_unreachable_store_fails_the_opening_and_leaves_nothing_open(
+        self, gw: Gateway
+    ) -> None:
+        viewers = ViewerTally()
+        gw.h.store.available = False
+
+        with pytest.raises(TransientError):
+            await many(gw, viewers).open(JOBS, [None, None, None])
+
+        assert viewers.counts() == {}
+        assert gw.metrics.active == 0
+
+    async def test_a_job_whose_catch_up_fails_ends_the_whole_stream_for_a_resume(self) -> None:
+        gw = Gateway(queue_size=2)
+        await gw.h.source.prepare()
+        client = Client(many(gw), JOBS)
+        assert await client.connect()
+        await client.read()  # the snapshots
+        # More than the job's queue holds: its stream must catch up from the store.
+        await gw.produce("job-a", 1, 2, 3, 4, 5, 6)
+        gw.h.store.available = False
+        while await client.read() is not None:
+            pass
+
+        assert client.stream is not None
+        assert client.stream.reason == "error"
+        await client.disconnect()
+        assert gw.metrics.active == 0
