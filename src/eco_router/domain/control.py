@@ -99,6 +99,16 @@ class ControlMessage:
     deliveries: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PendingControls:
+    """What a worker is handed: its job's unacknowledged messages in order, the control log's
+    last id read (to wait after), and whether the job has ended (then nothing is handed)."""
+
+    messages: tuple[ControlMessage, ...] = ()
+    last_id: str = "0-0"
+    ended: bool = False
+
+
 def control_request(
     domain: str, job_id: str, kind: ControlKind, raw: bytes, idempotency_key: str | None
 ) -> ControlRequest:
