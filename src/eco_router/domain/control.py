@@ -110,14 +110,21 @@ class PendingControls:
 
 
 def control_request(
-    domain: str, job_id: str, kind: ControlKind, raw: bytes, idempotency_key: str | None
+    domain: str,
+    job_id: str,
+    kind: ControlKind,
+    raw: bytes,
+    idempotency_key: str | None,
+    *,
+    default_id: str | None = None,
 ) -> ControlRequest:
     """Validate a control request's body and request id.
 
     - The body is a JSON object of at most `MAX_CONTROL_BODY_BYTES` (empty for a cancel: `{}`).
     - An input carries at least one member besides `request_id`.
     - The request id is the `Idempotency-Key` header or the body's `request_id`, 1-128
-      characters of [A-Za-z0-9_.:-]; when both are given they are the same.
+      characters of [A-Za-z0-9_.:-]; when both are given they are the same; `default_id`
+      when neither is (a call that cannot be retried safely: the reference's).
     """
     if len(raw) > MAX_CONTROL_BODY_BYTES:
         raise InvalidControl(f"the body has {len(raw)} bytes (max {MAX_CONTROL_BODY_BYTES})")
@@ -135,6 +142,7 @@ def control_request(
     if idempotency_key is not None and given is not None and idempotency_key != given:
         raise InvalidControl("the Idempotency-Key header and request_id differ")
     request_id = idempotency_key if idempotency_key is not None else given
+    request_id = default_id if request_id is None else request_id
     if request_id is None:
         raise InvalidControl("an Idempotency-Key header or a request_id field is required")
     if REQUEST_ID.fullmatch(request_id) is None:
