@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -12,6 +13,7 @@ from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import JobKeys
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.application.control_inbox import WAIT_SLICE_S
 from eco_router.application.ports import Clock, ControlStore
 from eco_router.domain.control import (
     ControlKind,
@@ -26,6 +28,8 @@ from eco_router.domain.streams import StreamFamily
 
 # A job's control log is short (a cancel, a few replies): one read holds it.
 DELIVER_LIMIT = 100
+# `EVENT_ROUTER_STATE_TTL_S`'s default: a worker's inbox records nothing, and needs none.
+DEFAULT_STATE_TTL_S = 3600
 # The shard streams' approximate MAXLEN, as the producer SDK keeps them.
 SHARD_MAXLEN = 10_000
 
@@ -105,7 +109,7 @@ class RedisControlStore(ControlStore):
         client: RedisClient,
         *,
         families: Sequence[StreamFamily],
-        state_ttl_s: int,
+        state_ttl_s: int = DEFAULT_STATE_TTL_S,
         clock: Clock,
     ) -> None:
         self._client = client
@@ -157,34 +161,57 @@ class RedisControlStore(ControlStore):
 
 
 class SyncControlInbox:
-    """A worker's side of `RedisControlStore` on a synchronous client (a Celery task)."""
+    """`ControlInbox` for synchronous code (a Celery task): the same scripts and rules on a
+    blocking client."""
 
     def __init__(
-        self, client: redis.Redis | redis.cluster.RedisCluster, families: Sequence[StreamFamily]
+        self, client: redis.Redis | redis.cluster.RedisCluster, family: StreamFamily
     ) -> None:
         self._client = client
-        self._keys = ControlKeys(families)
+        self._domain = family.domain
+        self._keys = ControlKeys([family])
         self._deliver = client.register_script(load_lua("deliver_control.lua"))
         self._acknowledge = client.register_script(load_lua("acknowledge_control.lua"))
+        self._cancelled: set[str] = set()
 
-    def deliver(self, domain: str, job_id: str, *, after: str = "0-0") -> PendingControls:
-        job, _ = self._keys.of(domain, job_id)
-        reply = self._deliver(
-            keys=[job.state, job.control, job.control_state], args=[after, DELIVER_LIMIT]
-        )
-        return pending(domain, job_id, reply)
+    def cancelled(self, job_id: str) -> bool:
+        """Whether a cancel was recorded for the job (no read once one is known)."""
+        if job_id in self._cancelled:
+            return True
+        job, _ = self._keys.of(self._domain, job_id)
+        if self._client.hexists(job.control_state, "cancel"):
+            self._cancelled.add(job_id)
+            return True
+        return False
 
-    def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
-        job, _ = self._keys.of(domain, job_id)
-        return bool(self._acknowledge(keys=[job.control_state], args=[message_id]))
+    def messages(self, job_id: str, *, timeout_s: float | None = None) -> Iterator[ControlMessage]:
+        """As `ControlInbox.messages`."""
+        job, _ = self._keys.of(self._domain, job_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        after = "0-0"
+        while True:
+            reply = self._deliver(
+                keys=[job.state, job.control, job.control_state], args=[after, DELIVER_LIMIT]
+            )
+            handed = pending(self._domain, job_id, reply)
+            if handed.ended:
+                return
+            yield from handed.messages
+            after = handed.last_id
+            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return
+            block = _block_ms(min(left, WAIT_SLICE_S))
+            self._client.xread({job.control: after}, count=1, block=block)
 
-    def cancelled(self, domain: str, job_id: str) -> bool:
-        job, _ = self._keys.of(domain, job_id)
-        return bool(self._client.hexists(job.control_state, "cancel"))
+    def next(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
+        """As `ControlInbox.next`."""
+        return next(iter(self.messages(job_id, timeout_s=timeout_s)), None)
 
-    def wait(self, domain: str, job_id: str, *, after: str, timeout_s: float) -> None:
-        job, _ = self._keys.of(domain, job_id)
-        self._client.xread({job.control: after}, count=1, block=_block_ms(timeout_s))
+    def acknowledge(self, message: ControlMessage) -> bool:
+        """As `ControlInbox.acknowledge`."""
+        job, _ = self._keys.of(message.domain, message.job_id)
+        return bool(self._acknowledge(keys=[job.control_state], args=[message.message_id]))
 
 
 def _block_ms(timeout_s: float) -> int:
