@@ -241,3 +241,48 @@ class TestGatewayKilledAfterItsAnswer:
             "input_received",
         ]
         assert events[-1].json()["result"] == {"input": "yes"}
+
+
+class TestTheReferenceQuestion:
+    async def test_a_question_the_reply_and_the_rest_of_the_job_all_reach_the_viewer(
+        self, processes: Processes, streams_server: RedisServer
+    ) -> None:
+        """The reference chat worker's entries, written as it writes them: `needs_input` is
+        seq 190, above its `answer completed` (161) and `done` (181) that follow the reply."""
+        _, base = await processes.serve("serve")
+        job = "job-question-1"
+        stream = CHAT.stream_for(job)
+        redis = Redis.from_url(streams_server.url)
+
+        async def write(seq: int, stage: str, status: str, **extra: str) -> None:
+            fields = {"job_id": job, "stage": stage, "status": status, "seq": str(seq)}
+            await redis.xadd(stream, fields | extra)
+
+        try:
+            async with viewer(base, job) as viewing:
+                await write(0, "queued", "queued")
+                await write(160, "answer", "started")
+                await write(190, "needs_input", "waiting", message="Which colour?",
+                            result='{"input_type": "text", "timeout": 300}')  # fmt: skip
+                worker = processes.job_worker("worker", streams_server.url, job, "ack")
+                await worker.ready()
+                sent = await post(base, f"/chat/{job}/input", json={"input": "blue"})
+                assert sent.status_code == 202
+                assert [m["body"] for m in await worker.received(1)] == [{"input": "blue"}]
+                await write(161, "answer", "completed")
+                await write(181, "done", "done", result='{"colour": "blue"}')
+                events = await viewing.read_to_end(timeout_s=20)
+        finally:
+            await redis.aclose()
+
+        assert [(e.event, e.json().get("status")) for e in events if e.event != "snapshot"] == [
+            ("queued", "queued"),
+            ("answer", "started"),
+            ("needs_input", "waiting"),
+            ("input_received", "received"),
+            ("answer", "completed"),
+            ("done", "done"),
+        ]
+        ids = [e.seq for e in events if e.id is not None]
+        assert ids == sorted(ids)
+        assert viewing.ended
