@@ -39,6 +39,7 @@ from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
 from eco_router.application.feed_health import FeedHealth
@@ -335,6 +336,9 @@ class Container(containers.DeclarativeContainer):
             chat_publisher=chat_demo_publisher,
             stages=producer_config.provided.plan.stages,
             rate=settings.provided.demo_events_per_s,
+            controls=providers.Singleton(
+                ControlInbox, control_store, chat_producer_config.provided.family.domain
+            ),
         ),
     )
 
