@@ -197,3 +197,39 @@ class TestAuthorization:
         response = await secured.post(f"/api/v1/chat/{JOB}/cancel", headers=headers)
 
         assert response.status_code == status
+
+
+class TestTheConsoleLookup:
+    async def test_it_lists_the_jobs_control_messages_with_their_state(self) -> None:
+        app, container, manager = await started(console=True)
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
+                publisher = await resolve(container.chat_demo_publisher())
+                await publisher.publish_stage_event(JOB, "queued", "queued")
+                for n, kind in enumerate(["input", "cancel", "input"]):
+                    body = {"request_id": f"r{n}"} | ({"input": n} if kind == "input" else {})
+                    await client.post(f"/api/v1/chat/{JOB}/{kind}", json=body)
+                store: ControlStore = await resolve(container.control_store())
+                handed = await store.deliver("chat", JOB)
+                await store.acknowledge("chat", JOB, handed.messages[0].message_id)
+                await store.deliver("chat", JOB)
+
+                async def routed() -> bool:
+                    return len(await history_stages(container, "chat", JOB)) == 4
+
+                await wait_until(routed, what="the job's events")
+                found = await client.get(f"/console/api/jobs/chat/{JOB}")
+        finally:
+            await manager.__aexit__(None, None, None)
+            container.unwire()
+
+        assert found.status_code == 200
+        controls = found.json()["controls"]
+        assert [(c["number"], c["kind"], c["state"], c["deliveries"]) for c in controls] == [
+            (1, "input", "acknowledged", 1),
+            (2, "cancel", "delivered", 2),
+            (3, "input", "delivered", 2),
+        ]
+        assert controls[0]["body"] == {"input": 0}
+        assert controls[1]["request_id"] == "r1"

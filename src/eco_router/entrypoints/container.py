@@ -44,7 +44,7 @@ from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.held_shards import HeldShards
-from eco_router.application.job_lookup import LookUpJob
+from eco_router.application.job_lookup import ListJobControls, LookUpJob
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.presence import (
@@ -317,6 +317,9 @@ class Container(containers.DeclarativeContainer):
     )
     look_up_job = providers.Singleton(
         LookUpJob, store=state_store, families=settings.provided.streams
+    )
+    list_job_controls = providers.Singleton(
+        ListJobControls, store=control_store, families=settings.provided.streams
     )
     count_job_viewers = providers.Singleton(
         CountJobViewers, board=presence_board, families=settings.provided.streams
