@@ -137,6 +137,9 @@ class TestValidation:
     @pytest.mark.parametrize(
         ("path", "content", "headers", "status", "detail"),
         [
+            ("/api/v1/chat/job-7/input", b'{"request_id":"k","input":1}',
+             {"Content-Type": "text/plain"}, 415,
+             "the body must be sent as Content-Type: application/json"),
             ("/api/v1/chat/job-7/input", b'{"input":1}', {}, 422,
              "an Idempotency-Key header or a request_id field is required"),
             ("/api/v1/chat/job-7/input", b"[]", {"Idempotency-Key": "k"}, 422,
@@ -163,6 +166,7 @@ class TestValidation:
     ) -> None:
         client, _ = gateway
 
+        headers = {"Content-Type": "application/json"} | headers
         response = await client.post(path, content=content, headers=headers)
 
         assert (response.status_code, response.json()) == (status, {"detail": detail})

@@ -28,6 +28,7 @@ CONTROL_RESPONSES: dict[int | str, dict[str, object]] = {
     202: {"description": "Recorded durably (or recorded before under this request id)."},
     409: {"description": "The job has already ended."},
     413: {"description": f"The body is larger than {MAX_CONTROL_BODY_BYTES} bytes."},
+    415: {"description": "A body sent without Content-Type: application/json."},
     422: {"description": "The body or the request id is not valid."},
 }
 
@@ -76,6 +77,10 @@ async def send(
         except (Unauthorized, Forbidden):
             raise refused from None
     raw = await request.body()
+    # A JSON content type cannot be sent across sites without a CORS preflight: a form on
+    # another site cannot post a cancel or an input with a viewer's cookie.
+    if raw.strip() and not _is_json(request.headers.get("content-type", "")):
+        raise HTTPException(415, "the body must be sent as Content-Type: application/json")
     if len(raw) > MAX_CONTROL_BODY_BYTES:
         raise HTTPException(413, f"the body has {len(raw)} bytes (max {MAX_CONTROL_BODY_BYTES})")
     key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -86,6 +91,10 @@ async def send(
     receipt = await (await resolve(container.send_control()))(parsed)
     headers = {"Idempotent-Replayed": "true"} if receipt.outcome is Recorded.DUPLICATE else None
     return JSONResponse(answer(receipt, domain, job_id), status_code=202, headers=headers)
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/json"
 
 
 def answer(receipt: ControlReceipt, domain: str, job_id: str) -> dict[str, object]:
