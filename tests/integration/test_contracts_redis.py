@@ -264,8 +264,11 @@ class TestRedisLeaseStoreTagged(TestRedisLeaseStore):
 
 class TestRedisControlStore(ControlStoreContract):
     @pytest.fixture(autouse=True)
-    async def _backend(self, streams_redis: Redis) -> None:
+    def _backend(self, streams_redis: Redis) -> None:
         self.redis = streams_redis
+
+    @pytest.fixture(autouse=True)
+    async def _states(self, _backend: None) -> None:
         self.states = RedisLuaStateStore(
             self.redis,
             group=GROUP,
