@@ -139,6 +139,9 @@ class Container(containers.DeclarativeContainer):
         families=settings.provided.streams,
         state_ttl_s=settings.provided.state_ttl_s,
         clock=clock,
+        replica_wait=providers.Factory(
+            ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
+        ),
     )
     send_control = providers.Singleton(SendControl, store=control_store)
     broadcaster = providers.Singleton(

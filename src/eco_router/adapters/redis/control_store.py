@@ -12,6 +12,7 @@ import redis
 from eco_router.adapters.redis.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.control_inbox import WAIT_SLICE_S
 from eco_router.application.ports import Clock, ControlStore
@@ -102,7 +103,9 @@ def log_messages(
 class RedisControlStore(ControlStore):
     """Control messages on the streams server: `record_control.lua` writes a message and its
     announcement together, `deliver_control.lua` hands them out, `acknowledge_control.lua`
-    retires them; a blocking XREAD on the log waits for the next one."""
+    retires them; a blocking XREAD on the log waits for the next one. With `replica_wait`, a
+    record returns only once that many replicas have it (`ReplicasBehind` otherwise: it is
+    written, and the same request id answers it)."""
 
     def __init__(
         self,
@@ -111,8 +114,10 @@ class RedisControlStore(ControlStore):
         families: Sequence[StreamFamily],
         state_ttl_s: int = DEFAULT_STATE_TTL_S,
         clock: Clock,
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self._client = client
+        self._replica_wait = replica_wait or ReplicaWait()
         self._keys = ControlKeys(families)
         self._state_ttl_s = state_ttl_s
         self._clock = clock
@@ -125,7 +130,8 @@ class RedisControlStore(ControlStore):
             request, self._keys, state_ttl_s=self._state_ttl_s, now_ms=self._clock.now_ms()
         )
         with redis_errors("record control message", key=keys[2]):
-            return receipt(request, await self._record(keys=keys, args=args))
+            reply = await self._replica_wait.call(self._client, self._record, keys, args)
+        return receipt(request, reply)
 
     async def deliver(
         self, domain: str, job_id: str, *, after: str = "0-0", limit: int = DELIVER_LIMIT
