@@ -73,13 +73,14 @@ async def start_demo_job(
     response: Response,
     fail: bool = False,
     chat: bool = False,
+    ask: bool = False,
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
     authorizer: Authorizer = DemoAuth,
     settings: Settings = DemoConfig,
 ) -> dict[str, str]:
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
-    job_id = await start(fail=fail, chat=chat)
+    job_id = await start(fail=fail, chat=chat, ask=ask)
     container: Container = request.app.state.container
     family = container.chat_producer_config().family if chat else settings.streams[0]
     domain = family.domain
