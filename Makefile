@@ -13,7 +13,7 @@ TOOLS := .tools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test redis-server chromium prometheus test check lint run worker bench \
-	bench-sse bench-many-jobs bench-chat soak reliability-report image bench-record bench-scaling fmt clean
+	bench-sse bench-many-jobs bench-chat bench-control soak reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(RUN_STAMP)
 
@@ -129,6 +129,10 @@ bench-many-jobs: venv redis-server
 # Token streams: throughput, cost per token, resume, fan-out (QUICK=1: 100 answers, 3 s).
 bench-chat: venv redis-server
 	$(BIN)/python -m bench.chat_bench $(if $(QUICK),--quick)
+
+# Control messages: POST → the worker's SDK latency, and the cost of the cancellation check.
+bench-control: venv redis-server
+	$(BIN)/python -m bench.control_bench $(if $(QUICK),--quick)
 
 # Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
 soak: venv-test redis-server

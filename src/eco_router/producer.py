@@ -19,6 +19,15 @@ chunks, merged within `coalesce_ms`, each entry written once per (job, attempt, 
 
 A retried task passes `attempt=1, 2, ...`: the router starts the job's text again.
 
+A job's viewers may cancel it or answer its question (docs/CONTROL.md); the worker asks:
+
+    if publisher.cancelled(job_id):                      # cheap enough between tokens
+        publisher.publish_stage_event(job_id, "done", "cancelled")
+    message = publisher.next_control(job_id, timeout_s=300)   # e.g. after `needs_input`
+    if message is not None:
+        handle(message.body)
+        publisher.acknowledge(message)                   # else it is handed again
+
 Code written for the reference design keeps its call sites and its client; only the import
 changes:
 
@@ -51,6 +60,7 @@ from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPubl
 from eco_router.adapters.redis.publisher_cache import PublisherCache
 from eco_router.adapters.redis.replica_wait import ReplicasBehind
 from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
+from eco_router.domain.control import ControlKind, ControlMessage, ControlState
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.event_size import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -72,6 +82,9 @@ __all__ = [
     "DEFAULT_COALESCE_MS",
     "FIRST_TOKEN_SEQ",
     "AsyncStreamPublisher",
+    "ControlKind",
+    "ControlMessage",
+    "ControlState",
     "InvalidProgressEvent",
     "ProducerConfig",
     "ReplicasBehind",

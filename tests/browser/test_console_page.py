@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, Viewport
 from redis import Redis
 
 from eco_router.domain.streams import StreamFamily
+from eco_router.producer import connect, producer_config
 from eco_router.testing import RedisServer
 from tests.browser.test_demo_page import (
     JOB_TIMEOUT_MS,
@@ -48,6 +49,7 @@ DANGER_RED = "rgb(185, 28, 28)"
 class ConsoleServer:
     base_url: str
     redis: Redis
+    redis_url: str = ""
 
 
 @contextmanager
@@ -79,7 +81,7 @@ def serving_console(log: Path, **env: str) -> Iterator[ConsoleServer]:
         redis = Redis.from_url(server.url)
         try:
             _wait_for_health(process, base_url, log)
-            yield ConsoleServer(base_url, redis)
+            yield ConsoleServer(base_url, redis, server.url)
         finally:
             redis.close()
             stop_server(process)
@@ -616,3 +618,34 @@ def _letter_of(job: str, stream: str) -> dict[str, str]:
         "field:status": "completed",
         "field:progress": "25",
     }
+
+
+class TestTheJobsControlMessages:
+    def test_the_lookup_lists_each_message_with_its_state(
+        self, page: Page, console_server: ConsoleServer
+    ) -> None:
+        job = job_on(1, "browser-controls")
+        console_server.redis.xadd(
+            SCAN.streams[1], {"job_id": job, "seq": "0", "stage": "queued", "status": "queued"}
+        )
+        _wait_until_routed(console_server, job, events=1)
+        for n, kind in enumerate(["input", "cancel"]):
+            body = {"request_id": f"r{n}"} | ({"input": "yes"} if kind == "input" else {})
+            sent = httpx.post(f"{console_server.base_url}/api/v1/scan/{job}/{kind}", json=body,
+                              trust_env=False)  # fmt: skip
+            assert sent.status_code == 202, sent.text
+        publisher = connect(console_server.redis_url, producer_config(domain="scan", shards=4))
+        first = publisher.next_control(job, timeout_s=5)
+        assert first is not None
+        publisher.acknowledge(first)
+        publisher.next_control(job, timeout_s=5)
+
+        page.get_by_label("job id").fill(job)
+        page.get_by_role("button", name="Look up").click()
+
+        rows = page.locator("#job-controls tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0)).to_have_attribute("data-state", "acknowledged")
+        expect(rows.nth(0)).to_contain_text('{"input":"yes"}')
+        expect(rows.nth(1)).to_have_attribute("data-state", "delivered")
+        expect(rows.nth(1)).to_contain_text("cancel")

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
+from eco_router.application.demo_jobs import CHAT_ANSWERS
 from eco_router.testing import RedisServer
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -526,3 +527,37 @@ class TestAChatJob:
         assert [f["type"] for f in frames].count("token_recovery") == 1
         ids = [int(f["id"]) for f in frames if f["type"] != "snapshot"]
         assert ids == sorted(set(ids)), "an event was sent twice"
+
+
+class TestTalkingBackToAChatJob:
+    def test_stopping_a_chat_job_ends_it_cancelled_with_the_text_so_far(self, page: Page) -> None:
+        start_a_chat_job(page)
+        page.wait_for_function("window.__frames.filter(f => f.type === 'token').length >= 5")
+
+        page.get_by_role("button", name="Stop the job").click()
+
+        expect(page.locator("#state")).to_have_text("cancelled", timeout=CHAT_TIMEOUT_MS)
+        names = [f["type"] for f in received_frames(page)]
+        assert names.index("cancel_requested") < names.index("done")
+        done = the_done_event(page)
+        assert done["status"] == "cancelled"
+        text = answer_on_page(page)
+        assert done["result"] == {"answer_chars": len(text)}
+        assert text not in CHAT_ANSWERS
+        assert_the_page_holds_the_jobs_text(page)
+        expect(page.get_by_role("button", name="Stop the job")).to_be_disabled()
+
+    def test_a_chat_job_asks_first_and_answers_as_chosen(self, page: Page) -> None:
+        page.get_by_role("button", name="Start a chat that asks first").click()
+
+        expect(page.locator("#question-text")).to_have_text("Which answer would you like?")
+        page.get_by_role("button", name="the weather").click()
+
+        expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
+        assert answer_on_page(page) == CHAT_ANSWERS[1]
+        expect(page.locator("#question")).to_be_hidden()
+        names = [f["type"] for f in received_frames(page)]
+        assert names.index("needs_input") < names.index("input_received") < names.index("token")
+        [received] = [json.loads(f["data"]) for f in received_frames(page)
+                      if f["type"] == "input_received"]  # fmt: skip
+        assert received["result"] == {"input": "the weather"}

@@ -593,3 +593,81 @@ class StateStoreContract(ContractFamilies):
         assert first.stamps[1] == b'"event_id":1002,"prev_event_id":1001,' + text_check(
             b"Hi", truncated=False
         )
+
+    # Lifecycle events (`cancel_requested`, `input_received`, `needs_input`) are judged by their
+    # own marker: never stale after later stages, making no later stage stale, kept in the
+    # history with the next event id, leaving the job's state as it was.
+    def lifecycle(self, number: int, *, stage: str = "cancel_requested", **overrides: Any) -> Any:
+        fields = {"stream_id": entry_id(500 + number), "stage": stage, "status": "requested"}
+        return self.encoded(seq=number, **(fields | overrides))
+
+    async def test_a_lifecycle_event_after_later_stages_is_new(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.encoded(seq=30, stream_id=entry_id(30))])
+
+        assert await self.apply(store, [self.lifecycle(1)]) == [NEW_APPLY]
+
+    async def test_a_lifecycle_event_makes_no_later_stage_stale(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.encoded(seq=10, stream_id=entry_id(10))])
+        await self.apply(store, [self.lifecycle(190, stage="needs_input", status="waiting")])
+
+        assert await self.apply(store, [self.encoded(seq=11, stream_id=entry_id(11))]) == [
+            NEW_APPLY
+        ]
+
+    async def test_a_lifecycle_event_read_again_is_published_again_unapplied(self) -> None:
+        store = await self.make_store()
+        first = await self.apply_stamped(store, [self.lifecycle(1)])
+        again = await self.apply_stamped(store, [self.lifecycle(1)])
+
+        assert again.judgements == [NEW_REPUBLISH]
+        assert again.stamps == first.stamps
+        assert len((await store.view("scan", "job-1")).history) == 1
+
+    async def test_another_entry_with_the_same_lifecycle_marker_is_a_duplicate(self) -> None:
+        store = await self.make_store()
+        entry = await self.append_and_read(self.scan_0, "me")
+        await self.apply(store, [self.lifecycle(1, stream_id=entry)])
+
+        assert await self.apply(store, [self.lifecycle(1)]) == [DUPLICATE]
+
+    async def test_two_kinds_with_the_same_seq_are_two_events(self) -> None:
+        store = await self.make_store()
+        judgements = await self.apply(
+            store,
+            [
+                self.lifecycle(1),
+                self.lifecycle(1, stage="input_received", stream_id=entry_id(601)),
+            ],
+        )
+
+        assert judgements == [NEW_APPLY, NEW_APPLY]
+
+    async def test_a_lifecycle_event_takes_the_next_id_and_leaves_the_state(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.encoded(seq=10, stream_id=entry_id(10))])
+        stamps = (await self.apply_stamped(store, [self.lifecycle(1)])).stamps
+        after = (
+            await self.apply_stamped(store, [self.encoded(seq=11, stream_id=entry_id(11))])
+        ).stamps
+
+        assert stamps == [b'"event_id":11,"prev_event_id":10,']
+        assert after == [b'"event_id":12,"prev_event_id":11,']
+        view = await store.view("scan", "job-1")
+        assert view.state is not None
+        assert view.state.startswith(b'{"event_id":12,')
+        assert [p[:16] for p in view.history] == [
+            b'{"event_id":10,"',
+            b'{"event_id":11,"',
+            b'{"event_id":12,"',
+        ]
+
+    async def test_a_first_lifecycle_event_takes_id_zero_and_sets_no_state(self) -> None:
+        store = await self.make_store()
+        stamps = (await self.apply_stamped(store, [self.lifecycle(1)])).stamps
+
+        assert stamps == [b'"event_id":0,']
+        view = await store.view("scan", "job-1")
+        assert view.state is None
+        assert len(view.history) == 1

@@ -16,14 +16,17 @@ from redis.exceptions import ResponseError
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
 from eco_router.adapters.redis.connection import open_pinned_reader
+from eco_router.adapters.redis.control_store import ControlKeys, RedisControlStore, record_arguments
 from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
 from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.event_source import RedisStreamEventSource
-from eco_router.adapters.redis.keys import DeadLetterKeys, GroupKeys
+from eco_router.adapters.redis.keys import DeadLetterKeys, GroupKeys, JobKeys
 from eco_router.adapters.redis.lease_store import RedisLeaseStore
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.ports import (
     Broadcaster,
+    ControlStore,
     DeadLetterSink,
     EventFeed,
     EventSource,
@@ -34,11 +37,12 @@ from eco_router.application.ports import (
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
+from tests.contracts.control_store import JOB, ControlStoreContract, cancel
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import GROUP, TAGGED_FAMILIES
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES, encoded
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -256,3 +260,65 @@ class TestRedisStreamDeadLetterSinkTagged(TestRedisStreamDeadLetterSink):
 
 class TestRedisLeaseStoreTagged(TestRedisLeaseStore):
     families = TAGGED_FAMILIES
+
+
+class TestRedisControlStore(ControlStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self, streams_redis: Redis) -> None:
+        self.redis = streams_redis
+
+    @pytest.fixture(autouse=True)
+    async def _states(self, _backend: None) -> None:
+        self.states = RedisLuaStateStore(
+            self.redis,
+            group=GROUP,
+            families=self.families,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=3,
+        )
+        await self.redis.set(GroupKeys(GROUP).epoch(self.chat_0), 1)
+
+    async def make_store(self) -> ControlStore:
+        return RedisControlStore(
+            self.redis, families=self.families, state_ttl_s=3600, clock=SystemClock()
+        )
+
+    async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
+        event = encoded(
+            domain="chat", stream=self.chat_0, job_id=job_id, seq=181, stage=stage, status=status
+        )
+        await self.states.apply([event], {self.chat_0: 1})
+
+    async def shard_entries(self, stream: str) -> list[dict[str, str]]:
+        return [
+            {k.decode(): v.decode() for k, v in fields.items()}
+            for _, fields in await self.redis.xrange(stream)
+        ]
+
+    async def test_the_control_keys_live_the_state_ttl(self) -> None:
+        store = await self.make_store()
+        await store.record(cancel())
+        job = JobKeys.in_family(self.chat, JOB)
+
+        assert 3500 < await self.redis.ttl(job.control) <= 3600
+        assert 3500 < await self.redis.ttl(job.control_state) <= 3600
+
+    async def test_acknowledging_after_the_keys_expired_leaves_no_key_without_ttl(self) -> None:
+        store = await self.make_store()
+        receipt = await store.record(cancel())
+        assert receipt.message_id is not None
+        job = JobKeys.in_family(self.chat, JOB)
+        await self.redis.delete(job.control, job.control_state)
+
+        assert not await store.acknowledge("chat", JOB, receipt.message_id)
+        assert not await self.redis.exists(job.control_state)
+
+
+class TestRedisControlStoreTagged(TestRedisControlStore):
+    families = TAGGED_FAMILIES
+
+    def test_a_record_touches_one_slot(self) -> None:
+        keys, _ = record_arguments(cancel(), ControlKeys(self.families), state_ttl_s=60, now_ms=0)
+
+        assert len({key_slot(k.encode()) for k in keys}) == 1

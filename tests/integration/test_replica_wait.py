@@ -13,8 +13,11 @@ from contextlib import contextmanager
 import pytest
 
 from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.adapters.redis.control_store import RedisControlStore
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.system_clock import SystemClock
+from eco_router.domain.control import ControlKind, Recorded, control_request
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import connect, connect_async, producer_config
 from eco_router.testing import ClusterGroup, RedisServer, SentinelGroup
@@ -134,3 +137,22 @@ class TestStateStore:
         late = [encoded(job_id="job-9", stream=family.stream_for("job-9"), seq=1)]
         with paused(replicas_of(topology, late[0].event.stream)), pytest.raises(ReplicasBehind):
             await store.apply(late, dict.fromkeys(streams, 0))
+
+
+class TestControlStore:
+    async def test_a_control_message_is_answered_once_a_replica_has_it(
+        self, topology: SentinelGroup | ClusterGroup, client: RedisClient
+    ) -> None:
+        family = StreamFamily("chat:events", 4, tagged=isinstance(topology, ClusterGroup))
+        store = RedisControlStore(
+            client, families=[family], clock=SystemClock(), replica_wait=ReplicaWait(1, 300)
+        )
+        request = control_request("chat", "job-c", ControlKind.CANCEL, b"", "r-1")
+        stream = family.stream_for("job-c")
+
+        with paused(replicas_of(topology, stream)), pytest.raises(ReplicasBehind):
+            await store.record(request)
+        again = await store.record(request)
+
+        assert again.outcome is Recorded.DUPLICATE
+        assert len(await store.messages("chat", "job-c")) == 1

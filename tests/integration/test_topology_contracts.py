@@ -106,6 +106,14 @@ class TestShardProgressOnCluster(OnCluster, console.TestRedisShardProgress):
     pass
 
 
+class TestControlStoreOnCluster(OnCluster, ports.TestRedisControlStore):
+    pass
+
+
+class TestControlStoreThroughSentinel(OnSentinel, ports.TestRedisControlStore):
+    pass
+
+
 class TestEventSourceThroughSentinel(OnSentinel, ports.TestRedisStreamEventSource):
     pass
 

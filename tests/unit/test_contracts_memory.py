@@ -10,6 +10,7 @@ import pytest
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.clock import ManualClock
+from eco_router.adapters.memory.control_store import InMemoryControlStore
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
@@ -18,6 +19,7 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.application.ports import (
     Broadcaster,
+    ControlStore,
     DeadLetterSink,
     EventFeed,
     EventSource,
@@ -27,11 +29,12 @@ from eco_router.application.ports import (
 )
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
+from tests.contracts.control_store import ControlStoreContract
 from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import GROUP, TAGGED_FAMILIES
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES, encoded
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -182,4 +185,45 @@ class TestInMemoryDeadLetterSinkTagged(TestInMemoryDeadLetterSink):
 
 
 class TestInMemoryLeaseStoreTagged(TestInMemoryLeaseStore):
+    families = TAGGED_FAMILIES
+
+
+class TestInMemoryControlStore(ControlStoreContract):
+    @pytest.fixture(autouse=True)
+    def _backend(self) -> None:
+        self.clock = ManualClock()
+        self.streams = InMemoryStreams(self.clock)
+        self.states = InMemoryStateStore(
+            clock=self.clock,
+            streams=self.streams,
+            group=GROUP,
+            state_ttl_s=3600,
+            markers_ttl_s=7200,
+            history_size=3,
+        )
+        self.streams.lease_table(GROUP).epochs[self.chat_0] = 1
+
+    async def make_store(self) -> ControlStore:
+        return InMemoryControlStore(
+            streams=self.streams,
+            states=self.states,
+            families=self.families,
+            state_ttl_s=3600,
+            clock=self.clock,
+        )
+
+    async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
+        event = encoded(
+            domain="chat", stream=self.chat_0, job_id=job_id, seq=181, stage=stage, status=status
+        )
+        await self.states.apply([event], {self.chat_0: 1})
+
+    async def shard_entries(self, stream: str) -> list[dict[str, str]]:
+        return [
+            {k.decode(): v.decode() for k, v in fields.items()}
+            for _, fields in self.streams.entries(stream)
+        ]
+
+
+class TestInMemoryControlStoreTagged(TestInMemoryControlStore):
     families = TAGGED_FAMILIES

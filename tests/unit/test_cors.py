@@ -132,3 +132,23 @@ def test_a_bad_origin_stops_startup_with_one_line(value: str, says: str) -> None
     assert message.startswith("invalid configuration: EVENT_ROUTER_CORS_ORIGINS:")
     assert says in message
     assert "\n" not in message
+
+
+async def test_a_listed_origin_may_post_a_cancel_with_its_idempotency_key(
+    gateway: httpx.AsyncClient,
+) -> None:
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type, idempotency-key, authorization",
+    }
+    allowed = await gateway.options(
+        "/api/v1/chat/job-1/cancel", headers={"Origin": LISTED, **preflight}
+    )
+    refused = await gateway.options(
+        "/api/v1/chat/job-1/cancel", headers={"Origin": "https://evil.example.net", **preflight}
+    )
+
+    assert allowed.status_code == 200
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    assert "idempotency-key" in allowed.headers["access-control-allow-headers"].lower()
+    assert refused.status_code == 400

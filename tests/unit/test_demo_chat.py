@@ -10,14 +10,18 @@ import orjson
 import pytest
 
 from eco_router.adapters.memory.clock import ManualClock
+from eco_router.adapters.memory.control_store import InMemoryControlStore
 from eco_router.adapters.memory.publisher import InMemoryStreamPublisher
+from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.demo_jobs import (
     CHAT_ANSWERS,
     RunDemoJobs,
     StartDemoJob,
     answer_tokens,
 )
+from eco_router.domain.control import ControlKind, control_request
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import ProducerConfig
 
@@ -211,3 +215,94 @@ def test_the_answers_are_long_enough_to_watch_and_to_drop_the_connection_in() ->
         assert any("\uac00" <= c <= "\ud7a3" for c in text)  # Hangul
         assert any(ord(c) > 0xFFFF for c in text)  # emoji beyond the BMP
         assert any(c.isascii() and c.isalpha() for c in text)
+
+
+class TestAChatJobStartedFromThePage:
+    """Given the chat domain's inbox, a chat job run alone stops when cancelled and, started
+    with `ask`, asks its user which answer to give first."""
+
+    def make(self, **overrides: Any) -> tuple[RunDemoJobs, InMemoryStreams, InMemoryControlStore]:
+        clock = ManualClock()
+        streams = InMemoryStreams(clock)
+        states = InMemoryStateStore(
+            clock=clock, streams=streams, group="g", state_ttl_s=60, markers_ttl_s=60,
+            history_size=10,
+        )  # fmt: skip
+        store = InMemoryControlStore(
+            streams=streams, states=states, families=[SCAN], state_ttl_s=60, clock=clock
+        )
+        publisher = InMemoryStreamPublisher(streams, ProducerConfig(family=SCAN))
+        values: dict[str, Any] = {
+            "publisher": publisher,
+            "chat_publisher": publisher,
+            "stages": STAGES,
+            "rate": FAST,
+            "tokens_per_s": FAST,
+            "retry_every": 10**9,
+            "seed": 1,
+            "controls": ControlInbox(store, "scan"),
+        }
+        return RunDemoJobs(**(values | overrides)), streams, store
+
+    async def until_entry(self, streams: InMemoryStreams, stage: str, count: int = 1) -> None:
+        for _ in range(1000):
+            entries = job_entries(streams).get("chat-1", [])
+            if sum(e["stage"] == stage for e in entries) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no {stage} entry")
+
+    async def test_it_asks_and_answers_as_its_user_chose(self) -> None:
+        run, streams, store = self.make()
+        job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True, ask=True))
+        await self.until_entry(streams, "needs_input")
+
+        await store.record(control_request("scan", "chat-1", ControlKind.INPUT,
+                                           b'{"input": "the weather"}', "r1"))  # fmt: skip
+        tally = await job
+
+        entries = job_entries(streams)["chat-1"]
+        assert shape(entries)[3] == ("needs_input", "waiting", "190")
+        question = orjson.loads(entries[3]["result"])
+        assert question["options"] == ["a greeting", "the weather"]
+        assert answer(entries) == CHAT_ANSWERS[1]
+        assert shape(entries)[-1] == ("done", "done", "181")
+        assert tally.jobs_finished == 1
+        assert [m.state.value for m in await store.messages("scan", "chat-1")] == ["acknowledged"]
+
+    async def test_a_cancel_stops_its_typing_and_ends_it_cancelled(self) -> None:
+        run, streams, store = self.make(tokens_per_s=100.0)
+        job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True))
+        await self.until_entry(streams, "token", 3)
+
+        await store.record(control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
+        await job
+
+        entries = job_entries(streams)["chat-1"]
+        assert shape(entries)[-1] == ("done", "cancelled", "181")
+        assert answer(entries) not in CHAT_ANSWERS
+        assert orjson.loads(entries[-1]["result"]) == {"answer_chars": len(answer(entries))}
+        assert [m.state.value for m in await store.messages("scan", "chat-1")] == ["acknowledged"]
+
+    async def test_a_cancel_in_place_of_the_reply_ends_it_before_any_token(self) -> None:
+        run, streams, store = self.make()
+        job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True, ask=True))
+        await self.until_entry(streams, "needs_input")
+
+        await store.record(control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
+        await job
+
+        entries = job_entries(streams)["chat-1"]
+        assert [s for s, _, _ in shape(entries)] == [
+            "queued", "intent", "intent", "needs_input", "cancel_requested", "done"
+        ]  # fmt: skip
+        assert entries[-1]["status"] == "cancelled"
+
+    async def test_jobs_run_together_are_never_asked(self) -> None:
+        run, streams, _ = self.make(failure_every=10**9)
+
+        await run(2, asyncio.Event())
+
+        stages = [e["stage"] for entries in job_entries(streams).values() for e in entries]
+        assert "token" in stages
+        assert "needs_input" not in stages

@@ -234,9 +234,23 @@ class TestTheShardAndTheIdempotencyKey:
         assert first.idempotency_key == retry.idempotency_key
 
     def test_each_status_of_a_stage_has_its_own_key(self) -> None:
-        statuses = [status for status in Status if status is not Status.STREAMING]
+        # `streaming` is a token's, `cancelled` the stage `done`'s only.
+        statuses = [s for s in Status if s not in (Status.STREAMING, Status.CANCELLED)]
         keys = {CONFIG.call("job-1", "vision", status).idempotency_key for status in statuses}
         assert len(keys) == len(statuses)
+
+    def test_a_cancelled_done_is_the_done_seq_and_its_own_key(self) -> None:
+        cancelled = CONFIG.call("job-1", "done", "cancelled")
+        done = CONFIG.call("job-1", "done", "done")
+
+        assert cancelled.fields["seq"] == done.fields["seq"] == "51"
+        assert cancelled.idempotency_key != done.idempotency_key
+
+    def test_cancelled_is_for_the_stage_done_only(self) -> None:
+        with pytest.raises(
+            InvalidProgressEvent, match="status 'cancelled' is for the stage 'done'"
+        ):
+            CONFIG.call("job-1", "vision", "cancelled")
 
 
 class TestIdempotencyKeysAreUnambiguous:

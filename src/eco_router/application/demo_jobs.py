@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.control import ControlKind
 from eco_router.domain.progress import StagePlan, Status
 
 LABELS = ("cat", "dog", "bicycle", "receipt", "invoice", "screenshot", "landscape")
@@ -49,6 +51,11 @@ CHAT_ANSWERS = (
     "event carries the text's size and SHA-1, 브라우저가 자기 텍스트를 검증할 수 있도록요 🔍. "
     "즐거운 하루 보내세요! 😊 Have a great day! 🌈",
 )
+# The question a chat job started with `ask` puts to its user, one option per answer above.
+CHAT_QUESTION = "Which answer would you like?"
+CHAT_OPTIONS = ("a greeting", "the weather")
+# How long it waits for the reply before it picks an answer itself.
+ASK_TIMEOUT_S = 120.0
 # One delta: optional spaces, then up to three characters, as a model's tokens go.
 _TOKEN = re.compile(r"\s*\S{1,3}|\s+")
 
@@ -107,6 +114,10 @@ class RunDemoJobs:
       the reference chat worker (`CHAT_PLAN`), passed explicitly.
     - Stops early, without half-written events, when `stop` is set; a chat answer stops
       between two tokens.
+    - Given `controls` (the chat domain's inbox), a chat job started alone (`run_one`, the
+      page's) stops typing once a viewer cancels it, acknowledges what it was sent, and ends
+      with `done` / `cancelled`; with `ask` it first asks its user which answer to give
+      (`needs_input`, waiting up to `ASK_TIMEOUT_S`, then picking one itself).
     """
 
     def __init__(
@@ -121,9 +132,11 @@ class RunDemoJobs:
         seed: int | None = None,
         chat_publisher: ProgressPublisher | None = None,
         tokens_per_s: float = 25.0,
+        controls: ControlInbox | None = None,
     ) -> None:
         self._publisher = publisher
         self._chat_publisher = chat_publisher
+        self._controls = controls
         self._token_interval_s = 1.0 / tokens_per_s
         self._stages = tuple(stages)
         self._rate = rate
@@ -175,14 +188,23 @@ class RunDemoJobs:
         return self._chat_publisher is not None
 
     async def run_one(
-        self, job_id: str, stop: asyncio.Event, *, fail_at: int | None = None, chat: bool = False
+        self,
+        job_id: str,
+        stop: asyncio.Event,
+        *,
+        fail_at: int | None = None,
+        chat: bool = False,
+        ask: bool = False,
     ) -> DemoTally:
         """One whole pipeline for `job_id`, failing at stage index `fail_at` if given; a chat
-        job (failing halfway through its answer when `fail_at` is given) with `chat`."""
+        job (failing halfway through its answer when `fail_at` is given) with `chat`, which
+        asks its user first with `ask` and stops when cancelled (given `controls`)."""
         tally = DemoTally()
         pacer = _Pacer(self._rate)
         if chat:
-            await self._run_chat(job_id, pacer, tally, stop, None, fail=fail_at is not None)
+            await self._run_chat(
+                job_id, pacer, tally, stop, None, fail=fail_at is not None, ask=ask, alone=True
+            )
         else:
             await self._run_job(job_id, pacer, tally, stop, None, fail_at)
         return tally
@@ -196,15 +218,15 @@ class RunDemoJobs:
         on_event: Callable[[DemoTally], None] | None,
         *,
         fail: bool,
+        ask: bool = False,
+        alone: bool = False,
     ) -> None:
         publisher = self._chat_publisher
         if publisher is None:
             raise ValueError("chat jobs need a chat publisher")
+        controls = self._controls if alone else None
         tally.jobs_started += 1
         text = self._random.choice(CHAT_ANSWERS)
-        deltas = answer_tokens(text)
-        if fail:
-            deltas = deltas[: len(deltas) // 2]
 
         async def stage(name: str, status: Status, **extra: Any) -> bool:
             if stop.is_set():
@@ -217,19 +239,47 @@ class RunDemoJobs:
                 on_event(tally)
             return True
 
+        async def cancelled() -> bool:
+            if controls is None or not await controls.cancelled(job_id):
+                return False
+            # What it was sent is handled: acknowledged, then the end.
+            async for message in controls.messages(job_id, timeout_s=0):
+                await controls.acknowledge(message)
+            await stage("done", Status.CANCELLED, result={"answer_chars": len("".join(typed))})
+            return True
+
         opening = [
             ("queued", Status.QUEUED, {"progress": 0}),
             ("intent", Status.STARTED, {"progress": 5}),
             ("intent", Status.COMPLETED, {"progress": 10}),
-            ("answer", Status.STARTED, {"progress": 15}),
         ]
         for name, status, extra in opening:
             if not await stage(name, status, **extra):
                 return
+        typed: list[str] = []
+        if controls is not None and ask:
+            question = {"message": CHAT_QUESTION, "input_type": "choice",
+                        "options": list(CHAT_OPTIONS), "timeout": ASK_TIMEOUT_S}  # fmt: skip
+            if not await stage("needs_input", Status.WAITING, result=question):
+                return
+            reply = await controls.next(job_id, timeout_s=ASK_TIMEOUT_S)
+            if reply is not None and reply.body.get("input") in CHAT_OPTIONS:
+                text = CHAT_ANSWERS[CHAT_OPTIONS.index(reply.body["input"])]
+            if reply is not None and reply.kind is ControlKind.INPUT:
+                await controls.acknowledge(reply)
+            if await cancelled():
+                return
+        deltas = answer_tokens(text)
+        if fail:
+            deltas = deltas[: len(deltas) // 2]
+        if not await stage("answer", Status.STARTED, progress=15):
+            return
         published = await publisher.publish_tokens(
-            job_id, self._typed(deltas, stop), node=CHAT_NODE
+            job_id, self._typed(deltas, stop, typed, job_id, controls), node=CHAT_NODE
         )
         tally.tokens += published.entries
+        if await cancelled():
+            return
         if fail:
             error = {"error": "the model stopped mid-answer"}
             if await stage("answer", Status.FAILED, result=error):
@@ -240,11 +290,20 @@ class RunDemoJobs:
         if await stage("done", Status.DONE, progress=100, result={"answer_chars": len(text)}):
             tally.jobs_finished += 1
 
-    async def _typed(self, deltas: Sequence[str], stop: asyncio.Event) -> AsyncIterator[str]:
-        """`deltas` one by one at the demo's typing pace, until `stop` is set."""
+    async def _typed(
+        self,
+        deltas: Sequence[str],
+        stop: asyncio.Event,
+        typed: list[str],
+        job_id: str,
+        controls: ControlInbox | None,
+    ) -> AsyncIterator[str]:
+        """`deltas` one by one at the demo's typing pace (each kept in `typed`), until `stop`
+        is set or, given `controls`, a viewer cancels the job."""
         for delta in deltas:
-            if stop.is_set():
+            if stop.is_set() or (controls is not None and await controls.cancelled(job_id)):
                 return
+            typed.append(delta)
             yield delta
             await asyncio.sleep(self._token_interval_s)
 
@@ -302,14 +361,14 @@ class StartDemoJob:
         self._tasks: set[asyncio.Task[DemoTally]] = set()
         self._count = 0
 
-    async def __call__(self, *, fail: bool = False, chat: bool = False) -> str:
+    async def __call__(self, *, fail: bool = False, chat: bool = False, ask: bool = False) -> str:
         """A job's id; a chat job with `chat` (refused with ValueError when the run has no
-        chat publisher)."""
+        chat publisher), which asks its user first and may be cancelled with `ask`."""
         if chat and not self._run.runs_chat:
             raise ValueError("chat jobs need a chat publisher")
         self._count += 1
         job_id = f"{self._prefix}-{int(time.time() * 1000):x}-{self._count}"
-        run = self._run.run_one(job_id, self._stop, fail_at=2 if fail else None, chat=chat)
+        run = self._run.run_one(job_id, self._stop, fail_at=2 if fail else None, chat=chat, ask=ask)
         task = asyncio.create_task(run, name=job_id)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -29,3 +29,7 @@ class PermanentError(PortError):
         super().__init__(f"{key}: {cause}" if key else cause)
         self.key = key
         self.cause = cause
+
+
+class JobEnded(PortError):
+    """A control message for a job that has already ended (its `done`, or a failure)."""

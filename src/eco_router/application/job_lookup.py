@@ -1,4 +1,5 @@
-"""Looking a job up: its state snapshot and history, as the router stored them."""
+"""Looking a job up: its state snapshot and history, as the router stored them, and its
+control messages."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Sequence
 
 from eco_router.application.domains import family_named
 from eco_router.application.messages import JobView
-from eco_router.application.ports import StateStore
+from eco_router.application.ports import ControlStore, StateStore
+from eco_router.domain.control import ControlMessage
 from eco_router.domain.parsing import JOB_ID_PATTERN
 from eco_router.domain.streams import StreamFamily
 
@@ -28,3 +30,22 @@ class LookUpJob:
         if JOB_ID_PATTERN.fullmatch(job_id) is None:
             raise ValueError("job_id must be 1-128 characters of [A-Za-z0-9_.:-]")
         return await self._store.view(domain, job_id)
+
+
+class ListJobControls:
+    """A job's control messages (cancel, input) with their state: recorded, delivered (how
+    many times) or acknowledged.
+
+    - The same checks as `LookUpJob`: a configured domain, a well-formed job id.
+    - A job without any (or whose control keys expired) has none.
+    """
+
+    def __init__(self, *, store: ControlStore, families: Sequence[StreamFamily]) -> None:
+        self._store = store
+        self._families = tuple(families)
+
+    async def __call__(self, domain: str, job_id: str) -> list[ControlMessage]:
+        family_named(self._families, domain)
+        if JOB_ID_PATTERN.fullmatch(job_id) is None:
+            raise ValueError("job_id must be 1-128 characters of [A-Za-z0-9_.:-]")
+        return await self._store.messages(domain, job_id)

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
         ShardStats,
         StoredDeadLetter,
     )
+    from eco_router.domain.control import (
+        ControlMessage,
+        ControlReceipt,
+        ControlRequest,
+        PendingControls,
+    )
     from eco_router.domain.event import JobEvent
     from eco_router.domain.ownership import Lease
     from eco_router.domain.rejection import RejectReason
@@ -150,6 +156,46 @@ class StateStore(Protocol):
     async def text(self, domain: str, job_id: str) -> JobText | None:
         """The job's text with its last token's id and seq, read in one atomic step (None:
         the job has no text)."""
+        ...
+
+
+@runtime_checkable
+class ControlStore(Protocol):
+    """A job's control messages (cancel, input) on the durable streams server: recorded with
+    their announcement in the job's events, handed to the job's worker at least once until one
+    acknowledges them, never handed once the job has ended."""
+
+    async def record(self, request: ControlRequest) -> ControlReceipt:
+        """In one atomic step: a request id recorded before answers its first receipt
+        (DUPLICATE) and writes nothing; else a job whose state is its end answers ENDED and
+        writes nothing; else the message joins the job's control log and its lifecycle event
+        (seq = the message's number) the job's shard stream. Written when it returns, as
+        durably as the server keeps its writes; the keys live the state TTL."""
+        ...
+
+    async def deliver(
+        self, domain: str, job_id: str, *, after: str = "0-0", limit: int = 100
+    ) -> PendingControls:
+        """The job's unacknowledged messages after message id `after`, in order, each marked
+        delivered (its count up): again to every caller until acknowledged; none, and
+        `ended`, once the job's state is its end."""
+        ...
+
+    async def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
+        """Mark a message acknowledged, never handed again; False for one not held (never
+        recorded, or expired), and nothing written."""
+        ...
+
+    async def cancelled(self, domain: str, job_id: str) -> bool:
+        """Whether a cancel was recorded for the job (one read)."""
+        ...
+
+    async def wait(self, domain: str, job_id: str, *, after: str, timeout_s: float) -> None:
+        """Return once a message after id `after` is recorded, or after `timeout_s`."""
+        ...
+
+    async def messages(self, domain: str, job_id: str) -> list[ControlMessage]:
+        """Every message the job's control log holds, in order, with its state."""
         ...
 
 

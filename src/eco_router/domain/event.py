@@ -13,6 +13,12 @@ ROUTER_FIELDS = frozenset({"event_id", "prev_event_id", "restart", "text_check"}
 TOKEN_STAGE = "token"
 # The reference chat worker numbers its tokens from here; stages stay below.
 FIRST_TOKEN_SEQ = 1001
+CANCEL_REQUESTED = "cancel_requested"
+INPUT_RECEIVED = "input_received"
+# Events of the job's lifecycle around its stages, judged apart (`judge_lifecycle`): never
+# stale after later stages, never making later stages stale. `needs_input` is one: the
+# reference numbers it above `done` (190 > 181), which would otherwise make the job's end stale.
+LIFECYCLE_STAGES = frozenset({CANCEL_REQUESTED, INPUT_RECEIVED, "needs_input"})
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -63,6 +69,16 @@ class JobEvent:
     def is_token(self) -> bool:
         """A text delta of the job's answer, not a step of its lifecycle."""
         return self.stage == TOKEN_STAGE
+
+    @property
+    def is_lifecycle(self) -> bool:
+        """A control message's announcement, or the job's question to its user: not a stage."""
+        return self.stage in LIFECYCLE_STAGES
+
+    @property
+    def lifecycle_marker(self) -> str:
+        """The name a lifecycle event's application is marked under, apart from stage seqs."""
+        return f"{self.stage}:{self.seq}"
 
     @property
     def content(self) -> str:

@@ -37,6 +37,8 @@ class Status(StrEnum):
     # The job waits for its user (the reference writes it on the stage `needs_input`); it is
     # not over, and the stream stays open.
     WAITING = "waiting"
+    # A job that stopped because a viewer cancelled it: its `done` says so.
+    CANCELLED = "cancelled"
     # A token's status; only the token API writes it.
     STREAMING = "streaming"
 
@@ -95,6 +97,12 @@ class StagePlan:
         if status is Status.QUEUED:
             return 0
         if status is Status.DONE:
+            return self.done_seq
+        if status is Status.CANCELLED:
+            if stage != DONE_STAGE:
+                raise InvalidProgressEvent(
+                    f"status 'cancelled' is for the stage {DONE_STAGE!r}, not {stage!r}"
+                )
             return self.done_seq
         if status is Status.WAITING:
             return self.needs_input_seq

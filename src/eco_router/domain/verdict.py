@@ -32,9 +32,14 @@ class JobRecord:
     applied_by: Mapping[int, str] | None = None
     gone: frozenset[str] = frozenset()
     text: TextRecord = field(default_factory=TextRecord)
+    # Lifecycle events are marked by `JobEvent.lifecycle_marker`, apart from stage seqs.
+    lifecycle_by: Mapping[str, str] | None = None
 
     def entry_that_applied(self, seq: int) -> str | None:
         return None if self.applied_by is None else self.applied_by.get(seq)
+
+    def entry_that_marked(self, marker: str) -> str | None:
+        return None if self.lifecycle_by is None else self.lifecycle_by.get(marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +73,12 @@ TEXT_FULL = Judgement(Verdict.TEXT_FULL)
 def judge(
     event: JobEvent, record: JobRecord, *, text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES
 ) -> Judgement:
-    """Decide an event's fate: a token by `judge_token`, a stage event by `judge_stage`."""
+    """Decide an event's fate: a token by `judge_token`, a lifecycle event by
+    `judge_lifecycle`, a stage event by `judge_stage`."""
     if event.is_token:
         return judge_token(event, record.text, text_max_bytes=text_max_bytes)
+    if event.is_lifecycle:
+        return judge_lifecycle(event, record)
     return judge_stage(event, record)
 
 
@@ -123,14 +131,33 @@ def judge_stage(event: JobEvent, record: JobRecord) -> Judgement:
     return NEW_APPLY
 
 
+def judge_lifecycle(event: JobEvent, record: JobRecord) -> Judgement:
+    """Decide a lifecycle event's fate (`cancel_requested`, `input_received`, `needs_input`):
+    by its own marker (stage and seq), never by the job's stage seqs, so it is not stale after
+    later stages and makes no later stage stale.
+
+    - The entry that applied this marker comes back: publish again without applying.
+    - Another entry applied it that the stream holds (or held): DUPLICATE.
+    - Another entry applied it that the stream never held: publish again in its place.
+    - Anything else is NEW and is applied (to the history, not to the job's state).
+    """
+    applied_by = record.entry_that_marked(event.lifecycle_marker)
+    if applied_by == event.stream_id:
+        return NEW_REPUBLISH
+    if applied_by is not None:
+        return NEW_IN_PLACE_OF_GONE if applied_by in record.gone else DUPLICATE
+    return NEW_APPLY
+
+
 def in_judging_order(events: Iterable[JobEvent]) -> list[JobEvent]:
     """Order a batch so that each job's events are judged in seq order within each run of one
     kind.
 
     A late older event in the same batch is then applied before the newer one instead of being
-    judged stale. Stage events and tokens are numbered apart, and nothing moves across the
-    other kind: a stage event written after tokens is routed after them, and a token written
-    again after the job's end cannot hand its place to one of the answer's. Jobs keep their
+    judged stale. Stage events, tokens and lifecycle events are numbered apart, and nothing
+    moves across another kind: a stage event written after tokens is routed after them, and a
+    token written again after the job's end cannot hand its place to one of the answer's. A
+    run of lifecycle events keeps its stream order (they are never stale). Jobs keep their
     first-seen order relative to each other.
     """
     by_job: dict[tuple[str, str], list[JobEvent]] = {}
@@ -138,9 +165,23 @@ def in_judging_order(events: Iterable[JobEvent]) -> list[JobEvent]:
         by_job.setdefault(event.job_key, []).append(event)
     ordered: list[JobEvent] = []
     for job_events in by_job.values():
-        for is_token, run in groupby(job_events, key=lambda e: e.is_token):
-            ordered.extend(sorted(run, key=_token_order if is_token else _stage_order))
+        for kind, group in groupby(job_events, key=_kind):
+            run = list(group)
+            if kind == _TOKEN:
+                run.sort(key=_token_order)
+            elif kind == _STAGE:
+                run.sort(key=_stage_order)
+            ordered.extend(run)
     return ordered
+
+
+_STAGE, _TOKEN, _LIFECYCLE = range(3)
+
+
+def _kind(event: JobEvent) -> int:
+    if event.is_token:
+        return _TOKEN
+    return _LIFECYCLE if event.is_lifecycle else _STAGE
 
 
 def _token_order(event: JobEvent) -> tuple[int, int]:

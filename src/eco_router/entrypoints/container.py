@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder, OrjsonEventEncoder
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
+from eco_router.adapters.memory.control_store import InMemoryControlStore
 from eco_router.adapters.memory.dead_letter_archive import InMemoryDeadLetterArchive
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
@@ -22,6 +23,7 @@ from eco_router.adapters.prometheus.health_metrics import PrometheusHealthMetric
 from eco_router.adapters.prometheus.readiness_metrics import PrometheusReadinessMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
 from eco_router.adapters.redis.connection import open_pinned_reader, open_redis
+from eco_router.adapters.redis.control_store import RedisControlStore
 from eco_router.adapters.redis.dead_letters import (
     RedisDeadLetterArchive,
     RedisStreamDeadLetterSink,
@@ -37,11 +39,12 @@ from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.consume_loop import ConsumeLoop
+from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.dead_letter_listing import ListDeadLetters
 from eco_router.application.demo_jobs import RunDemoJobs, StartDemoJob
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.held_shards import HeldShards
-from eco_router.application.job_lookup import LookUpJob
+from eco_router.application.job_lookup import ListJobControls, LookUpJob
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
 from eco_router.application.presence import (
@@ -55,6 +58,7 @@ from eco_router.application.replay_dead_letters import ReplayDeadLetters
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
+from eco_router.application.send_control import SendControl
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.application.stream_many_jobs import StreamManyJobs
 from eco_router.entrypoints.factories import (
@@ -130,6 +134,17 @@ class Container(containers.DeclarativeContainer):
             ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
         ),
     )
+    control_store = providers.Singleton(
+        RedisControlStore,
+        streams_redis,
+        families=settings.provided.streams,
+        state_ttl_s=settings.provided.state_ttl_s,
+        clock=clock,
+        replica_wait=providers.Factory(
+            ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
+        ),
+    )
+    send_control = providers.Singleton(SendControl, store=control_store)
     broadcaster = providers.Singleton(
         make_broadcaster,
         pubsub_redis,
@@ -310,6 +325,9 @@ class Container(containers.DeclarativeContainer):
     look_up_job = providers.Singleton(
         LookUpJob, store=state_store, families=settings.provided.streams
     )
+    list_job_controls = providers.Singleton(
+        ListJobControls, store=control_store, families=settings.provided.streams
+    )
     count_job_viewers = providers.Singleton(
         CountJobViewers, board=presence_board, families=settings.provided.streams
     )
@@ -328,6 +346,9 @@ class Container(containers.DeclarativeContainer):
             chat_publisher=chat_demo_publisher,
             stages=producer_config.provided.plan.stages,
             rate=settings.provided.demo_events_per_s,
+            controls=providers.Singleton(
+                ControlInbox, control_store, chat_producer_config.provided.family.domain
+            ),
         ),
     )
 
@@ -366,6 +387,16 @@ def use_in_memory(container: Container) -> None:
             history_size=settings.provided.history_size,
             history_max_bytes=settings.provided.history_max_bytes,
             text_max_bytes=settings.provided.text_max_bytes,
+        )
+    )
+    container.control_store.override(
+        providers.Singleton(
+            InMemoryControlStore,
+            streams=container.memory_streams,
+            states=container.state_store,
+            families=settings.provided.streams,
+            state_ttl_s=settings.provided.state_ttl_s,
+            clock=container.clock,
         )
     )
     container.broadcaster.override(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,12 +19,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from eco_router.adapters.redis.server_process import (
+    LOOPBACK,
+    answers_as,
+    find_binary,
+    free_port,
+    stop_process,
+)
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.startup_checks import StartupFailure
 
-HOST = "127.0.0.1"
-# Where Debian and Ubuntu put it, should PATH not include the sbin directories.
-_FALLBACK_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/bin")
+HOST = LOOPBACK
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
 _PROBE_INTERVAL_S = 0.02
@@ -36,9 +40,7 @@ _PR_SET_PDEATHSIG = 1
 def redis_server_binary() -> str:
     """The `redis-server` on PATH or in the usual directories, else a one-line
     `StartupFailure` naming the package to install."""
-    found = shutil.which("redis-server")
-    for directory in _FALLBACK_DIRS:
-        found = found or shutil.which("redis-server", path=directory)
+    found = find_binary("redis-server")
     if found is None:
         raise StartupFailure(
             "--embedded-redis needs redis-server, found neither on PATH nor in /usr/sbin: "
@@ -71,7 +73,7 @@ class EmbeddedRedis:
         binary = self._binary or redis_server_binary()
         self._dir = Path(tempfile.mkdtemp(prefix="eco-router-redis-"))
         for _ in range(_BIND_ATTEMPTS):
-            self._port = _free_port()
+            self._port = free_port()
             self._process = self._spawn(binary, self._dir)
             if self._wait_until_ready(self._process):
                 return
@@ -126,21 +128,14 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 return False
-            if _answers_as(self._port, process.pid):
+            if answers_as(self._port, process.pid):
                 return True
             time.sleep(_PROBE_INTERVAL_S)
         return False
 
     def _terminate(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, _STOP_TIMEOUT_S)
 
     def _log_tail(self) -> str:
         if self._dir is None:
@@ -157,37 +152,3 @@ def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the parent dies, however it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _answers_as(port: int, pid: int) -> bool:
-    """Whether the port answers PING and is this process's server, not a stranger's that
-    bound the port between `_free_port` and our bind."""
-    try:
-        with socket.create_connection((HOST, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\nINFO server\r\n")
-            reply = b""
-            while not _has_line(reply, b"process_id:"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return False
-                reply += chunk
-    except OSError:
-        return False
-    if not reply.startswith(b"+PONG"):
-        return False  # -LOADING, or not ready yet
-    fields = dict(
-        line.split(":", 1) for line in reply.decode(errors="replace").splitlines() if ":" in line
-    )
-    return fields.get("process_id") == str(pid)
-
-
-def _has_line(reply: bytes, start: bytes) -> bool:
-    at = reply.find(start)
-    return at >= 0 and reply.find(b"\r\n", at) >= 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -12,14 +11,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from eco_router.testing import resp
+from eco_router.adapters.redis.server_process import (
+    LOOPBACK,
+    answers_as,
+    find_binary,
+    free_port,
+    stop_process,
+)
 
-_HOST = "127.0.0.1"
+_HOST = LOOPBACK
 _START_TIMEOUT = 10.0
 _STOP_TIMEOUT = 10.0
 _PROBE_INTERVAL = 0.02
 _LOG_TAIL_LINES = 20
-_FALLBACK_DIRS = ("/usr/bin", "/usr/sbin")
 
 
 def redis_server_binary() -> str:
@@ -33,22 +37,10 @@ def redis_cli_binary() -> str:
 
 
 def _binary(name: str, *, package: str) -> str:
-    found = shutil.which(name)
-    if found is not None:
-        return found
-    for directory in _FALLBACK_DIRS:
-        found = shutil.which(name, path=directory)
-        if found is not None:
-            return found
-    raise RuntimeError(f"{name} not found: install Debian's {package} package")
-
-
-def _free_port() -> int:
-    """Return a loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    found = find_binary(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install Debian's {package} package")
+    return found
 
 
 class RedisServer:
@@ -66,7 +58,7 @@ class RedisServer:
         """``config`` is written to a config file on first start and kept across restarts,
         since the server may rewrite it (Sentinel does; CONFIG REWRITE does). ``sentinel``
         runs the process as a Redis Sentinel; its directives go in ``config``."""
-        self._port = port if port is not None else _free_port()
+        self._port = port if port is not None else free_port()
         self._appendonly = appendonly
         self._extra_args = tuple(extra_args)
         self._config = config
@@ -128,15 +120,8 @@ class RedisServer:
     def stop(self, timeout: float = _STOP_TIMEOUT) -> None:
         """Shut down with SIGTERM, falling back to SIGKILL after ``timeout``; idempotent."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
         # SIGTERM lets Redis fsync the AOF, which is what makes restart() keep data.
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout)
 
     def kill(self) -> None:
         """Kill the process with SIGKILL, as a crash would, without a clean shutdown."""
@@ -189,25 +174,13 @@ class RedisServer:
             if not self.running:
                 self._process = None
                 raise RuntimeError(f"redis-server exited during startup\n{self.log_tail()}")
-            if self._answers_ping():
+            if answers_as(self._port, self.pid):
                 return
             time.sleep(_PROBE_INTERVAL)
         self.stop()
         raise RuntimeError(
             f"redis-server did not answer PING within {_START_TIMEOUT:.0f}s\n{self.log_tail()}"
         )
-
-    def _answers_ping(self) -> bool:
-        """Whether the port answers PING and belongs to our process, not a stranger."""
-        try:
-            # -LOADING while an AOF replays: not ready yet.
-            if resp.call(self._port, "PING", timeout=0.5) != b"PONG":
-                return False
-            info = resp.fields(resp.call(self._port, "INFO", "server", timeout=0.5))
-        except (OSError, resp.ReplyError):
-            return False
-        # Another process may have grabbed the port between _free_port() and our bind.
-        return info.get("process_id") == str(self.pid)
 
     def log_tail(self) -> str:
         """The last lines of the console output and the server log, for error messages."""

@@ -9,6 +9,7 @@ from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongTy
 from eco_router.application.errors import TransientError
 from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import Clock, StateStore
+from eco_router.domain.control import lifecycle_event_id
 from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.text import (
@@ -59,6 +60,8 @@ class _Job:
     last_id: int | None = None
     applied_by: dict[int, str] = field(default_factory=dict)
     stamps: dict[int, bytes] = field(default_factory=dict)
+    lifecycle_by: dict[str, str] = field(default_factory=dict)
+    lifecycle_stamps: dict[str, bytes] = field(default_factory=dict)
     state: bytes | None = None
     history: list[bytes] = field(default_factory=list)
     history_bytes: int = 0
@@ -131,6 +134,8 @@ class InMemoryStateStore(StateStore):
         now = self._clock.now_ms()
         if event.is_token:
             return self._settle_token(job, event, judgement, now)
+        if event.is_lifecycle:
+            return self._settle_lifecycle(job, item, judgement, now)
         if judgement.takes_over:
             job.applied_by[event.seq] = event.stream_id
         if not judgement.apply:
@@ -150,6 +155,26 @@ class InMemoryStateStore(StateStore):
         job.state = stamped(item.payload, fields)
         self._append(job, job.state)
         job.state_expires_ms = now + self._state_ttl_ms
+        job.markers_expire_ms = now + self._markers_ttl_ms
+        return fields
+
+    def _settle_lifecycle(
+        self, job: _Job, item: EncodedEvent, judgement: Judgement, now: int
+    ) -> bytes | None:
+        """A lifecycle event goes to the history with its own marker; the job's state (its
+        latest stage event) and stage seqs stay as they were."""
+        marker = item.event.lifecycle_marker
+        if judgement.takes_over:
+            job.lifecycle_by[marker] = item.event.stream_id
+        if not judgement.apply:
+            return job.lifecycle_stamps.get(marker) if judgement.publish else None
+        event_id = lifecycle_event_id(job.last_id)
+        fields = stamp(event_id, job.last_id)
+        job.last_id = event_id
+        job.lifecycle_by[marker] = item.event.stream_id
+        job.lifecycle_stamps[marker] = fields
+        self._append(job, stamped(item.payload, fields))
+        job.state_expires_ms = max(job.state_expires_ms, now + self._state_ttl_ms)
         job.markers_expire_ms = now + self._markers_ttl_ms
         return fields
 
@@ -178,10 +203,14 @@ class InMemoryStateStore(StateStore):
         text = job.text.record() if job.text is not None else TextRecord()
         if event.is_token:
             return JobRecord(job.last_seq, None, text=text)
-        by = job.applied_by.get(event.seq)
-        if by is None or by == event.stream_id or not self._streams.never_held(event.stream, by):
-            return JobRecord(job.last_seq, job.applied_by, text=text)
-        return JobRecord(job.last_seq, job.applied_by, frozenset({by}), text)
+        if event.is_lifecycle:
+            by = job.lifecycle_by.get(event.lifecycle_marker)
+        else:
+            by = job.applied_by.get(event.seq)
+        gone: frozenset[str] = frozenset()
+        if by is not None and by != event.stream_id and self._streams.never_held(event.stream, by):
+            gone = frozenset({by})
+        return JobRecord(job.last_seq, job.applied_by, gone, text, job.lifecycle_by)
 
     def _gap(self, stream: str, start: ReadStart) -> bool:
         """Whether the first entry pending after the read's start is not the read's first."""
@@ -230,8 +259,11 @@ class InMemoryStateStore(StateStore):
         key = (domain, job_id)
         job = self._jobs.setdefault(key, _Job())
         now = self._clock.now_ms()
-        if (job.state is not None or job.text is not None) and now >= job.state_expires_ms:
+        if (job.state is not None or job.text is not None or job.history) and (
+            now >= job.state_expires_ms
+        ):
             job.state, job.history, job.history_bytes, job.text = None, [], 0, None
         if job.last_id is not None and now >= job.markers_expire_ms:
             job.applied_by, job.stamps, job.last_seq, job.last_id = {}, {}, None, None
+            job.lifecycle_by, job.lifecycle_stamps = {}, {}
         return job

@@ -9,15 +9,18 @@ from eco_router.domain.streams import StreamFamily, hash_tag, slot_named
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys one job owns: snapshot, history, applied-markers, and its text with what is
-    known of it; on a tagged shard they carry its hash tag (`scan:state:{5461}:job-42`), so
-    they share its slot."""
+    """The keys one job owns: snapshot, history, applied-markers, its text with what is
+    known of it, and its control log with the state of each message; on a tagged shard they
+    carry its hash tag (`scan:state:{5461}:job-42`), so they share its slot (and the shard
+    stream's: one script may record a control message and append its announcement)."""
 
     state: str
     history: str
     markers: str
     text_state: str
     text: str
+    control: str
+    control_state: str
 
     @classmethod
     def of(cls, domain: str, job_id: str, stream: str = "") -> JobKeys:
@@ -30,6 +33,8 @@ class JobKeys:
             markers=f"{domain}:applied:{at}{job_id}",
             text_state=f"{domain}:text_state:{at}{job_id}",
             text=f"{domain}:text:{at}{job_id}",
+            control=f"{domain}:control:{at}{job_id}",
+            control_state=f"{domain}:control_state:{at}{job_id}",
         )
 
     @classmethod

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -18,9 +18,11 @@ from redis.exceptions import NoScriptError
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.control_store import RedisControlStore, SyncControlInbox
 from eco_router.adapters.redis.errors import is_transient
 from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.adapters.system_clock import SystemClock
 from eco_router.adapters.token_batches import (
     TokenSource,
     TokenTally,
@@ -29,7 +31,9 @@ from eco_router.adapters.token_batches import (
     refuse_text,
 )
 from eco_router.application.backoff import Backoff
+from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.ports import ProgressPublisher
+from eco_router.domain.control import ControlMessage
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.progress import InvalidProgressEvent
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
@@ -63,6 +67,29 @@ class AsyncStreamPublisher(ProgressPublisher):
         self._client = client
         self._script = client.register_script(load_lua("publish_once.lua"))
         self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
+        store = RedisControlStore(client, families=[config.family], clock=SystemClock())
+        self._controls = ControlInbox(store, config.family.domain)
+
+    async def cancelled(self, job_id: str) -> bool:
+        """Whether a viewer asked to cancel the job: one read while none did, none once one
+        did; cheap enough between tokens (docs/BENCHMARKS.md)."""
+        return await self._controls.cancelled(job_id)
+
+    def control_messages(
+        self, job_id: str, *, timeout_s: float | None = None
+    ) -> AsyncIterator[ControlMessage]:
+        """Each unacknowledged control message of the job once, in order, waiting for more;
+        ends when the job has ended or after `timeout_s`. Acknowledge each once handled: an
+        unacknowledged one is handed again to the next reader (a restarted worker)."""
+        return self._controls.messages(job_id, timeout_s=timeout_s)
+
+    async def next_control(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
+        """The job's first unacknowledged control message, waiting up to `timeout_s`."""
+        return await self._controls.next(job_id, timeout_s=timeout_s)
+
+    async def acknowledge(self, message: ControlMessage) -> bool:
+        """A control message handled: never handed again."""
+        return await self._controls.acknowledge(message)
 
     async def publish_stage_event(
         self,
@@ -175,6 +202,25 @@ class StreamPublisher:
         self._client = client
         self._script = client.register_script(load_lua("publish_once.lua"))
         self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
+        self._controls = SyncControlInbox(client, config.family)
+
+    def cancelled(self, job_id: str) -> bool:
+        """As `AsyncStreamPublisher.cancelled`."""
+        return self._controls.cancelled(job_id)
+
+    def control_messages(
+        self, job_id: str, *, timeout_s: float | None = None
+    ) -> Iterator[ControlMessage]:
+        """As `AsyncStreamPublisher.control_messages`."""
+        return self._controls.messages(job_id, timeout_s=timeout_s)
+
+    def next_control(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
+        """As `AsyncStreamPublisher.next_control`."""
+        return self._controls.next(job_id, timeout_s=timeout_s)
+
+    def acknowledge(self, message: ControlMessage) -> bool:
+        """As `AsyncStreamPublisher.acknowledge`."""
+        return self._controls.acknowledge(message)
 
     def publish_stage_event(
         self,

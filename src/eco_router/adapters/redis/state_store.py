@@ -45,9 +45,12 @@ _JUDGEMENTS = {
 
 
 def _kind(event: JobEvent) -> str:
-    """The script's name for the event's kind: a token, a terminal stage event, another one."""
+    """The script's name for the event's kind: a token, a lifecycle event, a terminal stage
+    event, another one."""
     if event.is_token:
         return "t"
+    if event.is_lifecycle:
+        return "l"
     return "e" if event.is_terminal else "s"
 
 
@@ -161,7 +164,7 @@ class RedisLuaStateStore(StateStore):
             else:
                 event_args += (
                     index,
-                    event.seq,
+                    event.lifecycle_marker if event.is_lifecycle else event.seq,
                     event.stream_id,
                     _kind(event),
                     item.payload,

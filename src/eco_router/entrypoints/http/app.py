@@ -12,12 +12,24 @@ from fastapi.responses import JSONResponse
 from eco_router import __version__
 from eco_router.adapters.redaction import hide_access_log_tokens
 from eco_router.application.demo_jobs import StartDemoJob
-from eco_router.application.errors import Forbidden, PortError, TransientError, Unauthorized
+from eco_router.application.errors import (
+    Forbidden,
+    JobEnded,
+    PortError,
+    TransientError,
+    Unauthorized,
+)
 from eco_router.application.ports import EventFeed
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gateway_tasks import GatewayTasks
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
-from eco_router.entrypoints.http import console_routes, favicon_routes, ops_routes, sse_routes
+from eco_router.entrypoints.http import (
+    console_routes,
+    control_routes,
+    favicon_routes,
+    ops_routes,
+    sse_routes,
+)
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 from eco_router.entrypoints.http.cors import JobEventsCors
 from eco_router.entrypoints.http.demo_throttle import DemoJobThrottle, Throttle
@@ -36,6 +48,7 @@ DEMO_JOBS_PER_CLIENT_S, DEMO_JOBS_PER_CLIENT_BURST = 0.5, 5
 ERROR_STATUS: dict[type[PortError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
+    JobEnded: 409,
     TransientError: 503,
 }
 ERROR_HEADERS: dict[int, dict[str, str]] = {
@@ -90,6 +103,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     if container.settings().gateway_metrics:
         app.include_router(ops_routes.metrics_router)
     app.include_router(sse_routes.router)
+    app.include_router(control_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
     # Added first, so it runs inside every other middleware added below (CORS among them).

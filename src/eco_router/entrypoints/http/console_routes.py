@@ -27,7 +27,7 @@ from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer
 from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDeadLetters
 from eco_router.application.errors import Forbidden, TransientError, Unauthorized
-from eco_router.application.job_lookup import LookUpJob
+from eco_router.application.job_lookup import ListJobControls, LookUpJob
 from eco_router.application.messages import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
 from eco_router.application.presence import CountJobViewers, JobViewers
@@ -198,9 +198,11 @@ async def job(
     job_id: str,
     look_up: LookUpJob = Depends(Provide[Container.look_up_job]),  # noqa: B008
     count_viewers: CountJobViewers = Depends(Provide[Container.count_job_viewers]),  # noqa: B008
+    list_controls: ListJobControls = Depends(Provide[Container.list_job_controls]),  # noqa: B008
 ) -> Response:
     with _client_errors():
         view = await look_up(domain, job_id)
+        controls = await list_controls(domain, job_id)
     if view.state is None and not view.history:
         raise HTTPException(404, f"no state for {domain} job {job_id!r} (unknown or expired)")
     try:
@@ -218,6 +220,18 @@ async def job(
             "viewers": None
             if viewers is None
             else {"total": viewers.total, "by_gateway": viewers.by_gateway},
+            "controls": [
+                {
+                    "number": m.number,
+                    "kind": m.kind.value,
+                    "state": m.state.value,
+                    "deliveries": m.deliveries,
+                    "request_id": m.request_id,
+                    "message_id": m.message_id,
+                    "body": m.body,
+                }
+                for m in controls
+            ],
         }
     )
 

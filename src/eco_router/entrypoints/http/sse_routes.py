@@ -104,6 +104,7 @@ async def start_demo_job(
     response: Response,
     fail: bool = False,
     chat: bool = False,
+    ask: bool = False,
     count: int = Query(1, ge=1, le=MAX_DEMO_JOBS_PER_REQUEST),
     start: StartDemoJob = Depends(Provide[Container.start_demo_job]),  # noqa: B008
     authorizer: Authorizer = DemoAuth,
@@ -113,7 +114,7 @@ async def start_demo_job(
     one's `job_id` and `events` for a page watching one."""
     if not request.app.state.demo:
         raise HTTPException(404, "demo jobs are off (start the app with --demo)")
-    job_ids = [await start(fail=fail, chat=chat) for _ in range(count)]
+    job_ids = [await start(fail=fail, chat=chat, ask=ask) for _ in range(count)]
     container: Container = request.app.state.container
     family = container.chat_producer_config().family if chat else settings.streams[0]
     domain = family.domain

@@ -14,9 +14,12 @@
 --       strings when there is no read to check; then the first entry each read brought, one
 --       per shard ("" when none); then each job's shard (1-based), then per event seven
 --       values: job index (1-based into the key quintuples), seq, entry id, kind ("s" a stage
---       event, "e" a terminal one, "t" a token), then the payload (a stage event) or the
+--       event, "e" a terminal one, "t" a token, "l" a lifecycle event, whose seq is its
+--       marker's name "<stage>:<seq>"), then the payload (a stage or lifecycle event) or the
 --       content (a token), the attempt and the node ("" none). A job's events arrive in
---       judging order (each kind in seq order); jobs may interleave.
+--       judging order (each kind in seq order); jobs may interleave. A lifecycle event is
+--       judged by its marker alone (never stale, making nothing stale), goes to the history
+--       with the next event id and leaves the state (the latest stage event) as it was.
 -- Returns {codes, fenced shards, gap shards, stamps}: one character per event, "0" new and
 -- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
 -- "3" stale, "5" new but applied earlier by another entry the stream never held (publish
@@ -234,6 +237,7 @@ local function apply_job(job, offsets)
   end
 
   local payloads = {}
+  local state_payload
   local marks = {}
   for _, i in ipairs(offsets) do
     local seq = ARGV[i + 1]
@@ -302,6 +306,17 @@ local function apply_job(job, offsets)
         stamps[at] = stamp_by[seq]
         marks[#marks + 1] = seq
         marks[#marks + 1] = entry_id .. ' ' .. stamp_by[seq]
+      elseif kind == 'l' then
+        code = '0'
+        local id = last_id and last_id + 1 or 0
+        local stamp = stamp_of(id, last_id)
+        last_id = id
+        applied_by[seq] = entry_id
+        stamp_by[seq] = stamp
+        stamps[at] = stamp
+        payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
+        marks[#marks + 1] = seq
+        marks[#marks + 1] = entry_id .. ' ' .. stamp
       elseif tonumber(seq) <= last_n then
         code = '3'
       else
@@ -322,6 +337,7 @@ local function apply_job(job, offsets)
         stamp_by[seq] = stamp
         stamps[at] = stamp
         payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
+        state_payload = payloads[#payloads]
         marks[#marks + 1] = seq
         marks[#marks + 1] = entry_id .. ' ' .. stamp
       end
@@ -357,8 +373,13 @@ local function apply_job(job, offsets)
     end
   end
 
+  if state_payload then
+    redis.call('SET', state_key, state_payload, 'EX', state_ttl)
+  elseif #payloads > 0 and due then
+    -- Lifecycle events alone: the state stays, and lives as long as the history.
+    redis.call('EXPIRE', state_key, history_ttl)
+  end
   if #payloads > 0 then
-    redis.call('SET', state_key, payloads[#payloads], 'EX', state_ttl)
     local bytes = 0
     for _, payload in ipairs(payloads) do
       bytes = bytes + #payload

@@ -1,0 +1,257 @@
+"""Redis adapter of `ControlStore`, and its synchronous twin for a worker's own thread."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.errors import redis_errors
+from eco_router.adapters.redis.keys import JobKeys
+from eco_router.adapters.redis.replica_wait import ReplicaWait
+from eco_router.adapters.redis.scripts import load_lua
+from eco_router.application.control_inbox import WAIT_SLICE_S
+from eco_router.application.ports import Clock, ControlStore
+from eco_router.domain.control import (
+    ControlKind,
+    ControlMessage,
+    ControlReceipt,
+    ControlRequest,
+    ControlState,
+    PendingControls,
+    Recorded,
+)
+from eco_router.domain.streams import StreamFamily
+
+# A job's control log is short (a cancel, a few replies): one read holds it.
+DELIVER_LIMIT = 100
+# `EVENT_ROUTER_STATE_TTL_S`'s default: a worker's inbox records nothing, and needs none.
+DEFAULT_STATE_TTL_S = 3600
+# The shard streams' approximate MAXLEN, as the producer SDK keeps them.
+SHARD_MAXLEN = 10_000
+
+
+class ControlKeys:
+    """Where a domain's jobs keep their control messages: the family's layout decides."""
+
+    def __init__(self, families: Sequence[StreamFamily]) -> None:
+        self._families = {f.domain: f for f in families}
+
+    def of(self, domain: str, job_id: str) -> tuple[JobKeys, str]:
+        """The job's keys and its shard stream."""
+        family = self._families[domain]
+        return JobKeys.in_family(family, job_id), family.stream_for(job_id)
+
+
+def record_arguments(
+    request: ControlRequest, keys: ControlKeys, *, state_ttl_s: int, now_ms: int
+) -> tuple[list[str], list[str | int | bytes]]:
+    """KEYS and ARGV of `record_control.lua`."""
+    job, stream = keys.of(request.domain, request.job_id)
+    args: list[str | int | bytes] = [
+        request.request_id,
+        request.kind.value,
+        request.body,
+        state_ttl_s,
+        SHARD_MAXLEN,
+        request.job_id,
+        request.kind.stage,
+        request.kind.status,
+        f"{now_ms / 1000:.3f}",
+    ]
+    return [stream, job.state, job.control, job.control_state], args
+
+
+def receipt(request: ControlRequest, reply: Sequence[Any]) -> ControlReceipt:
+    """The script's reply as the port's receipt."""
+    outcome = Recorded(_text(reply[0]))
+    if outcome is Recorded.ENDED:
+        return ControlReceipt(outcome, request.request_id)
+    return ControlReceipt(
+        outcome, request.request_id, _text(reply[1]), int(reply[2]), ControlKind(_text(reply[3]))
+    )
+
+
+def pending(domain: str, job_id: str, reply: Sequence[Any]) -> PendingControls:
+    """`deliver_control.lua`'s reply as the messages handed."""
+    if int(reply[0]) == 1:
+        return PendingControls(ended=True)
+    messages = tuple(
+        _message(domain, job_id, _text(entry_id), _fields(raw), ControlState.DELIVERED, int(n))
+        for entry_id, raw, n in reply[2]
+    )
+    return PendingControls(messages, _text(reply[1]))
+
+
+def log_messages(
+    domain: str, job_id: str, entries: Any, states: Mapping[Any, Any]
+) -> list[ControlMessage]:
+    """A control log read with XRANGE, each message with its state from the hash."""
+    out = []
+    for entry_id, raw in entries:
+        key = _text(entry_id)
+        state = _text(states.get(f"s:{key}".encode(), b"recorded"))
+        deliveries = int(states.get(f"d:{key}".encode(), b"0"))
+        out.append(_message(domain, job_id, key, _fields(raw), ControlState(state), deliveries))
+    return out
+
+
+class RedisControlStore(ControlStore):
+    """Control messages on the streams server: `record_control.lua` writes a message and its
+    announcement together, `deliver_control.lua` hands them out, `acknowledge_control.lua`
+    retires them; a blocking XREAD on the log waits for the next one. With `replica_wait`, a
+    record returns only once that many replicas have it (`ReplicasBehind` otherwise: it is
+    written, and the same request id answers it)."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        families: Sequence[StreamFamily],
+        state_ttl_s: int = DEFAULT_STATE_TTL_S,
+        clock: Clock,
+        replica_wait: ReplicaWait | None = None,
+    ) -> None:
+        self._client = client
+        self._replica_wait = replica_wait or ReplicaWait()
+        self._keys = ControlKeys(families)
+        self._state_ttl_s = state_ttl_s
+        self._clock = clock
+        self._record = client.register_script(load_lua("record_control.lua"))
+        self._deliver = client.register_script(load_lua("deliver_control.lua"))
+        self._acknowledge = client.register_script(load_lua("acknowledge_control.lua"))
+
+    async def record(self, request: ControlRequest) -> ControlReceipt:
+        keys, args = record_arguments(
+            request, self._keys, state_ttl_s=self._state_ttl_s, now_ms=self._clock.now_ms()
+        )
+        with redis_errors("record control message", key=keys[2]):
+            reply = await self._replica_wait.call(self._client, self._record, keys, args)
+        return receipt(request, reply)
+
+    async def deliver(
+        self, domain: str, job_id: str, *, after: str = "0-0", limit: int = DELIVER_LIMIT
+    ) -> PendingControls:
+        job, _ = self._keys.of(domain, job_id)
+        with redis_errors("deliver control messages", key=job.control):
+            reply = await self._deliver(
+                keys=[job.state, job.control, job.control_state], args=[after, limit]
+            )
+        return pending(domain, job_id, reply)
+
+    async def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
+        job, _ = self._keys.of(domain, job_id)
+        with redis_errors("acknowledge control message", key=job.control_state):
+            return bool(await self._acknowledge(keys=[job.control_state], args=[message_id]))
+
+    async def cancelled(self, domain: str, job_id: str) -> bool:
+        job, _ = self._keys.of(domain, job_id)
+        with redis_errors("read cancel", key=job.control_state):
+            return bool(await self._client.hexists(job.control_state, "cancel"))
+
+    async def wait(self, domain: str, job_id: str, *, after: str, timeout_s: float) -> None:
+        job, _ = self._keys.of(domain, job_id)
+        with redis_errors("wait for control messages", key=job.control):
+            await self._client.xread({job.control: after}, count=1, block=_block_ms(timeout_s))
+
+    async def messages(self, domain: str, job_id: str) -> list[ControlMessage]:
+        job, _ = self._keys.of(domain, job_id)
+        with redis_errors("read control messages", key=job.control):
+            entries = await self._client.xrange(job.control)
+            states = await self._client.hgetall(job.control_state)
+        return log_messages(domain, job_id, entries, states)
+
+
+class SyncControlInbox:
+    """`ControlInbox` for synchronous code (a Celery task): the same scripts and rules on a
+    blocking client."""
+
+    def __init__(
+        self, client: redis.Redis | redis.cluster.RedisCluster, family: StreamFamily
+    ) -> None:
+        self._client = client
+        self._domain = family.domain
+        self._keys = ControlKeys([family])
+        self._deliver = client.register_script(load_lua("deliver_control.lua"))
+        self._acknowledge = client.register_script(load_lua("acknowledge_control.lua"))
+        self._cancelled: set[str] = set()
+
+    def cancelled(self, job_id: str) -> bool:
+        """Whether a cancel was recorded for the job (no read once one is known)."""
+        if job_id in self._cancelled:
+            return True
+        job, _ = self._keys.of(self._domain, job_id)
+        if self._client.hexists(job.control_state, "cancel"):
+            self._cancelled.add(job_id)
+            return True
+        return False
+
+    def messages(self, job_id: str, *, timeout_s: float | None = None) -> Iterator[ControlMessage]:
+        """As `ControlInbox.messages`."""
+        job, _ = self._keys.of(self._domain, job_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        after = "0-0"
+        while True:
+            reply = self._deliver(
+                keys=[job.state, job.control, job.control_state], args=[after, DELIVER_LIMIT]
+            )
+            handed = pending(self._domain, job_id, reply)
+            if handed.ended:
+                return
+            yield from handed.messages
+            after = handed.last_id
+            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return
+            block = _block_ms(min(left, WAIT_SLICE_S))
+            self._client.xread({job.control: after}, count=1, block=block)
+
+    def next(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
+        """As `ControlInbox.next`."""
+        return next(iter(self.messages(job_id, timeout_s=timeout_s)), None)
+
+    def acknowledge(self, message: ControlMessage) -> bool:
+        """As `ControlInbox.acknowledge`."""
+        job, _ = self._keys.of(message.domain, message.job_id)
+        return bool(self._acknowledge(keys=[job.control_state], args=[message.message_id]))
+
+
+def _block_ms(timeout_s: float) -> int:
+    # BLOCK 0 waits for ever: the shortest wait is a millisecond.
+    return max(1, round(timeout_s * 1000))
+
+
+def _message(
+    domain: str,
+    job_id: str,
+    message_id: str,
+    fields: Mapping[str, str],
+    state: ControlState,
+    deliveries: int,
+) -> ControlMessage:
+    return ControlMessage(
+        domain=domain,
+        job_id=job_id,
+        message_id=message_id,
+        number=int(fields["number"]),
+        kind=ControlKind(fields["kind"]),
+        request_id=fields["request_id"],
+        body=json.loads(fields["body"]),
+        state=state,
+        deliveries=deliveries,
+    )
+
+
+def _fields(raw: Any) -> dict[str, str]:
+    """A stream entry's fields, as XRANGE (a dict) or a script (a flat list) gives them."""
+    if isinstance(raw, dict):
+        return {_text(k): _text(v) for k, v in raw.items()}
+    return {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw), 2)}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
