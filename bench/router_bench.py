@@ -60,6 +60,7 @@ from bench.backlog import (
     stream_of,
 )
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
+from bench.goals import goal_lines
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_probes import POLL_INTERVAL_S, command_usec, redis_cpu_seconds, watch_drain
@@ -1000,6 +1001,9 @@ def print_report(report: Report) -> None:
     print_topology_section(4, report.topologies, label_width=LABEL_WIDTH, column_width=COLUMN_WIDTH)
     if report.rates:
         _print_rates_section(report)
+    print("goals of the read path (this tree's worker, medians of this run):")
+    for line in goal_lines(report):
+        print(f"  {line}")
     print("definitions:")
     for name, definition in report.definitions.items():
         print(f"  {name}: {definition}")

@@ -1,0 +1,79 @@
+"""The read path's goals as the router benchmark prints them: met, or missed by how much."""
+
+from __future__ import annotations
+
+from bench.goals import Goal, goal_lines
+from bench.router_bench import Latency, Report
+
+
+def _paced(rate: int, p99_ms: float) -> Latency:
+    return Latency(
+        router="leases",
+        reads="",
+        target_rate=rate,
+        achieved_rate=float(rate),
+        seconds=3.0,
+        sent=rate * 3,
+        received=rate * 3,
+        missing_at_deadline=0,
+        wait_after_producer_s=1.0,
+        p50_ms=p99_ms / 2,
+        p90_ms=p99_ms,
+        p99_ms=p99_ms,
+        max_ms=p99_ms,
+        drained_after_producer_s=0.1,
+    )
+
+
+def _report(ratios: dict[str, float], *, p99_1000: float, p99_5000: float) -> Report:
+    return Report(
+        config={},
+        environment={},
+        baseline={},
+        throughput={},
+        latency={"leases": _paced(5000, p99_5000)},
+        rates={1000: {"leases": _paced(1000, p99_1000)}},
+        ratios=ratios,
+    )
+
+
+def test_a_bound_from_above_is_met_at_or_below_it() -> None:
+    goal = Goal("cpu", 1.2, at_most=True)
+    assert goal.verdict(1.2).endswith(": met")
+    assert goal.verdict(1.5).endswith("missed by 25 %")
+
+
+def test_a_bound_from_below_is_met_at_or_above_it() -> None:
+    goal = Goal("events/s", 1.0, at_most=False)
+    assert goal.verdict(1.0).endswith(": met")
+    assert goal.verdict(0.8).endswith("missed by 20 %")
+
+
+def test_every_goal_reads_its_own_figure_of_the_run() -> None:
+    lines = goal_lines(
+        _report(
+            {
+                "redis_cpu_leases_over_plain": 1.1,
+                "throughput_leases_over_plain": 0.9,
+                "throughput_batched_over_naive": 16.0,
+                "paced_1000_router_cpu_leases_over_plain": 1.3,
+                "paced_1000_redis_cpu_leases_over_plain": 1.0,
+            },
+            p99_1000=2.5,
+            p99_5000=2.9,
+        )
+    )
+    assert [line.rsplit(": ", 1)[-1] for line in lines] == [
+        "met",
+        "missed by 10 %",
+        "met",
+        "missed by 30 %",
+        "met",
+        "missed by 25 %",
+        "met",
+    ]
+
+
+def test_a_figure_the_run_did_not_measure_says_so() -> None:
+    lines = goal_lines(_report({}, p99_1000=1.0, p99_5000=1.0))
+    assert lines[0].endswith("not measured in this run")
