@@ -15,6 +15,7 @@ verdict counts (the same in every tree, or the trees disagree).
 The trees take turns round by round (A B, B A, ...), each round on a fresh server in a
 child process run with `PYTHONPATH=<tree>/src`; every figure is the median over the rounds.
 `--ref` compares this tree with a commit's `src/` (`git archive`); `--src` names the trees.
+`APPLY_BENCH_PERF=<file>` records the server's samples with `perf record -g` for `--child`.
 """
 
 from __future__ import annotations
