@@ -51,7 +51,8 @@ CHAT_EPOCH = GroupKeys(GROUP).epoch(CHAT_SHARD)
 # What the script returns per event: one code character each, the fenced and the gap shards'
 # indices, and per event the fields put first in its published JSON.
 ScriptReply = tuple[bytes, list[int], list[int], list[bytes]]
-ScriptEvent = tuple[int, int, str, str, bytes | str, int | str, str]
+# One event as the script takes it: a line of its fields, then its body.
+ScriptEvent = bytes
 
 
 async def make_store(
@@ -165,15 +166,15 @@ def sha1(text: bytes) -> str:
 def stage_args(
     job: int, seq: int, n: int, payload: bytes, *, terminal: bool = False
 ) -> ScriptEvent:
-    """The script's seven values for stage event `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return (job, seq, entry_id(n), "e" if terminal else "s", payload, "", "")
+    """The script's value for stage event `seq` of its `job`-th job, entry `entry_id(n)`."""
+    return f"{job} {'e' if terminal else 's'} {seq} {entry_id(n)}\n".encode() + payload
 
 
 def token_args(
     job: int, seq: int, n: int, content: str, *, attempt: int = 0, node: str = ""
 ) -> ScriptEvent:
-    """The script's seven values for token `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return (job, seq, entry_id(n), "t", content, attempt, node)
+    """The script's value for token `seq` of its `job`-th job, entry `entry_id(n)`."""
+    return f"{job} t {seq} {entry_id(n)} {attempt} {node}\n{content}".encode()
 
 
 async def call_script(
@@ -203,8 +204,7 @@ async def call_script(
     for job, shard in jobs:
         keys += [job.state, job.history, job.markers, job.text_state, job.text]
         args.append(shard)
-    for event in events:
-        args += event
+    args += events
     codes, fenced, gaps, stamps = await script(keys=keys, args=args)
     return codes, fenced, gaps, stamps
 

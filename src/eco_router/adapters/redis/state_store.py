@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 
 from eco_router.adapters.redis.connection import RedisClient
@@ -14,7 +15,6 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, gather_all
 from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
-from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun
@@ -44,14 +44,11 @@ _JUDGEMENTS = {
 }
 
 
-def _kind(event: JobEvent) -> str:
-    """The script's name for the event's kind: a token, a lifecycle event, a terminal stage
-    event, another one."""
-    if event.is_token:
-        return "t"
-    if event.is_lifecycle:
-        return "l"
-    return "e" if event.is_terminal else "s"
+@functools.lru_cache(maxsize=16_384)
+def _apply_keys(domain: str, job_id: str, stream: str) -> tuple[str, str, str, str, str]:
+    """The keys `apply_batch.lua` takes for a job, named once for the batches that follow."""
+    job = JobKeys.of(domain, job_id, stream)
+    return (job.state, job.history, job.markers, job.text_state, job.text)
 
 
 class RedisLuaStateStore(StateStore):
@@ -148,29 +145,21 @@ class RedisLuaStateStore(StateStore):
             index = job_index.get(event.job_key)
             if index is None:
                 index = job_index[event.job_key] = len(job_index) + 1
-                job = JobKeys.of(event.domain, event.job_id, event.stream)
-                keys += (job.state, job.history, job.markers, job.text_state, job.text)
+                keys += _apply_keys(event.domain, event.job_id, event.stream)
                 args.append(shard_index[event.stream])
+            # One argument per event: a line of its fields, then its body.
             if event.is_token:
-                event_args += (
-                    index,
-                    event.seq,
-                    event.stream_id,
-                    "t",
-                    event.content,
-                    event.attempt,
-                    event.node or "",
+                head = (
+                    f"{index} t {event.seq} {event.stream_id} {event.attempt} {event.node or ''}\n"
                 )
+                event_args.append(head.encode() + event.content.encode())
+            elif event.is_lifecycle:
+                head = f"{index} l {event.lifecycle_marker} {event.stream_id}\n"
+                event_args.append(head.encode() + item.payload)
             else:
-                event_args += (
-                    index,
-                    event.lifecycle_marker if event.is_lifecycle else event.seq,
-                    event.stream_id,
-                    _kind(event),
-                    item.payload,
-                    "",
-                    "",
-                )
+                kind = "e" if event.is_terminal else "s"
+                head = f"{index} {kind} {event.seq} {event.stream_id}\n"
+                event_args.append(head.encode() + item.payload)
         with redis_errors("apply batch"):
             codes, fenced, gaps, stamps = await self._replica_wait.call(
                 self._redis, self._script, keys, args + event_args, trips=self._trips

@@ -12,11 +12,13 @@
 --       text_max_bytes, number of shards, then per shard three values: its token, and where
 --       its read began (exclusive, "(<id>") and the consumer that read it, or two empty
 --       strings when there is no read to check; then the first entry each read brought, one
---       per shard ("" when none); then each job's shard (1-based), then per event seven
---       values: job index (1-based into the key quintuples), seq, entry id, kind ("s" a stage
---       event, "e" a terminal one, "t" a token, "l" a lifecycle event, whose seq is its
---       marker's name "<stage>:<seq>"), then the payload (a stage or lifecycle event) or the
---       content (a token), the attempt and the node ("" none). A job's events arrive in
+--       per shard ("" when none); then each job's shard (1-based), then one value per event:
+--       a line "<job index> <kind> <seq> <entry id>" (a token's: "... <attempt> <node>", the
+--       node "" when none) and after its newline the payload (a stage or lifecycle event) or
+--       the content (a token). The job index is 1-based into the key quintuples; the kind is
+--       "s" a stage event, "e" a terminal one, "t" a token, "l" a lifecycle event, whose seq
+--       is its marker's name "<stage>:<seq>". One value per event, not one per field: the
+--       server and the client handle a sixth of the arguments. A job's events arrive in
 --       judging order (each kind in seq order); jobs may interleave. A lifecycle event is
 --       judged by its marker alone (never stale, making nothing stale), goes to the history
 --       with the next event id and leaves the state (the latest stage event) as it was.
@@ -42,10 +44,10 @@ local group = ARGV[5]
 local text_max_bytes = tonumber(ARGV[6])
 local shards = tonumber(ARGV[7])
 local RENEW_EVERY = math.min(60, math.floor(tonumber(state_ttl) / 10))
-local history_ttl = tonumber(state_ttl) + RENEW_EVERY
-local kept_markers_ttl = tonumber(markers_ttl) + RENEW_EVERY
+-- Numbers given to redis.call as strings: Lua would format each one again per call.
+local history_ttl = string.format('%d', tonumber(state_ttl) + RENEW_EVERY)
+local kept_markers_ttl = string.format('%d', tonumber(markers_ttl) + RENEW_EVERY)
 local PER_JOB = 5
-local PER_EVENT = 7
 local firsts_at = 7 + shards * 3
 local jobs_at = firsts_at + shards
 local events_at = jobs_at + (#KEYS - shards * 2) / PER_JOB + 1
@@ -89,27 +91,40 @@ local function call_chunked(command, key, values)
   return last
 end
 
+-- Per event (numbered from 1 in the batch's order): its fields, and where its body begins.
+local seq_of, entry_of, kind_of, attempt_of, node_of, body_at = {}, {}, {}, {}, {}, {}
 local jobs = {}
 local offsets_of = {}
-for i = events_at, #ARGV, PER_EVENT do
-  local job = tonumber(ARGV[i])
+for i = events_at, #ARGV do
+  local n = i - events_at + 1
+  local job, kind, seq, entry, attempt, node, at =
+    string.match(ARGV[i], '^(%d+) (%a) (%S+) (%S+) ?(%d*) ?(%S*)\n()')
+  job = tonumber(job)
+  seq_of[n], entry_of[n], kind_of[n], body_at[n] = seq, entry, kind, at
+  attempt_of[n], node_of[n] = attempt, node
   local offsets = offsets_of[job]
   if offsets == nil then
     offsets = {}
     offsets_of[job] = offsets
     jobs[#jobs + 1] = job
   end
-  offsets[#offsets + 1] = i
+  offsets[#offsets + 1] = n
+end
+
+-- The payload of event `n` without its opening brace (the stamp goes before its fields).
+local function payload_tail(n)
+  return string.sub(ARGV[events_at + n - 1], body_at[n] + 1)
 end
 
 local codes = {}
 local stamps = {}
 
-local now
+local now, now_text
 -- The server's time in seconds, asked once per call.
 local function now_s()
   if now == nil then
-    now = tonumber(redis.call('TIME')[1])
+    now_text = redis.call('TIME')[1]
+    now = tonumber(now_text)
   end
   return now
 end
@@ -169,10 +184,6 @@ local function stamp_of(id, prev, extra)
   return s .. (extra or '')
 end
 
-local function event_at(i)
-  return (i - events_at) / PER_EVENT + 1
-end
-
 -- Judge one job's events and apply the new ones with one call per command.
 local function apply_job(job, offsets)
   local base = shards * 2 + (job - 1) * PER_JOB
@@ -181,16 +192,21 @@ local function apply_job(job, offsets)
   local stream = KEYS[shards + tonumber(ARGV[jobs_at + job])]
   local fields = { 'last', 'history_bytes', 'renewed', 'last_id' }
   local with_text = false
-  for _, i in ipairs(offsets) do
-    local kind = ARGV[i + 3]
+  for _, n in ipairs(offsets) do
+    local kind = kind_of[n]
     if kind == 't' or kind == 'e' then
       with_text = true
     end
     if kind ~= 't' then
-      fields[#fields + 1] = ARGV[i + 1]
+      fields[#fields + 1] = seq_of[n]
     end
   end
-  local known = call_chunked('HMGET', markers, fields)
+  local known
+  if #fields <= CHUNK then
+    known = redis.call('HMGET', markers, unpack(fields))
+  else
+    known = call_chunked('HMGET', markers, fields)
+  end
   local last = known[1] or '-1'
   local last_n = tonumber(last)
   -- Before event ids, an event's id was its seq.
@@ -239,15 +255,14 @@ local function apply_job(job, offsets)
   local payloads = {}
   local state_payload
   local marks = {}
-  for _, i in ipairs(offsets) do
-    local seq = ARGV[i + 1]
-    local entry_id = ARGV[i + 2]
-    local kind = ARGV[i + 3]
-    local at = event_at(i)
+  for _, at in ipairs(offsets) do
+    local seq = seq_of[at]
+    local entry_id = entry_of[at]
+    local kind = kind_of[at]
     local code
     if kind == 't' then
-      local attempt = tonumber(ARGV[i + 5])
-      local content = ARGV[i + 4]
+      local attempt = tonumber(attempt_of[at])
+      local content = string.sub(ARGV[events_at + at - 1], body_at[at])
       local restarts = text.attempt ~= nil and attempt > text.attempt
       if text.attempt ~= nil and attempt < text.attempt then
         code = '3'
@@ -275,7 +290,7 @@ local function apply_job(job, offsets)
           local extra = restarts and '"restart":true,' or nil
           stamps[at] = stamp_of(id, last_id, extra)
           last_id = id
-          local node = ARGV[i + 6]
+          local node = node_of[at]
           if node ~= text.node then
             if text.node ~= '' and text.bytes > text.run_at then
               text.runs = text.runs .. text.node .. '\t' .. int(text.run_at) .. '\t'
@@ -314,7 +329,7 @@ local function apply_job(job, offsets)
         applied_by[seq] = entry_id
         stamp_by[seq] = stamp
         stamps[at] = stamp
-        payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
+        payloads[#payloads + 1] = '{' .. stamp .. payload_tail(at)
         marks[#marks + 1] = seq
         marks[#marks + 1] = entry_id .. ' ' .. stamp
       elseif tonumber(seq) <= last_n then
@@ -336,7 +351,7 @@ local function apply_job(job, offsets)
         applied_by[seq] = entry_id
         stamp_by[seq] = stamp
         stamps[at] = stamp
-        payloads[#payloads + 1] = '{' .. stamp .. string.sub(ARGV[i + 4], 2)
+        payloads[#payloads + 1] = '{' .. stamp .. payload_tail(at)
         state_payload = payloads[#payloads]
         marks[#marks + 1] = seq
         marks[#marks + 1] = entry_id .. ' ' .. stamp
@@ -419,7 +434,7 @@ local function apply_job(job, offsets)
     marks[#marks + 1] = 'last'
     marks[#marks + 1] = last
     marks[#marks + 1] = 'history_bytes'
-    marks[#marks + 1] = bytes
+    marks[#marks + 1] = int(bytes)
   end
   if last_id ~= nil and last_id ~= tonumber(known[4]) then
     marks[#marks + 1] = 'last_id'
@@ -428,7 +443,8 @@ local function apply_job(job, offsets)
   if #marks > 0 then
     if due then
       marks[#marks + 1] = 'renewed'
-      marks[#marks + 1] = now_s()
+      now_s()
+      marks[#marks + 1] = now_text
     end
     call_chunked('HSET', markers, marks)
     if due then
@@ -449,8 +465,8 @@ end
 for _, job in ipairs(jobs) do
   local offsets = offsets_of[job]
   if skipped[tonumber(ARGV[jobs_at + job])] then
-    for _, i in ipairs(offsets) do
-      codes[event_at(i)] = '4'
+    for _, n in ipairs(offsets) do
+      codes[n] = '4'
     end
   else
     apply_job(job, offsets)
