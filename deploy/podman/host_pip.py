@@ -26,7 +26,15 @@ from urllib.parse import unquote, urlparse
 
 MOUNT = "/mnt"
 # Options whose values name local files or directories (whitespace-separated lists for some).
-PATH_OPTIONS = {"cert", "client-cert", "find-links", "index-url", "extra-index-url"}
+PATH_OPTIONS = {
+    "cert",
+    "client-cert",
+    "constraint",
+    "find-links",
+    "index-url",
+    "extra-index-url",
+    "requirement",
+}
 
 
 def effective_settings(python: str) -> dict[str, str]:

@@ -180,6 +180,19 @@ def test_make_image_with_podman_lends_the_machines_pip_settings_to_the_build(
     assert all(option.endswith(":ro") for option in build.split() if option.startswith("--volume="))
 
 
+def test_make_image_with_podman_lends_the_machines_pip_constraints_to_the_build(
+    tmp_path: Path,
+) -> None:
+    log = _fake_engine(tmp_path, "podman", answers=True)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("redis<9\n")
+    done = _make_image(tmp_path, "podman", env={"PIP_CONSTRAINT": str(constraints)})
+    assert done.returncode == 0, done.stderr
+    _, build = log.read_text().splitlines()
+    # A constraint file the build cannot open stops its pip install.
+    assert f" --volume={constraints}:/mnt/" in build
+
+
 def test_make_image_stand_in_builds_on_the_base_made_from_debian_packages() -> None:
     done = subprocess.run(
         ["make", "--dry-run", "--no-print-directory", "image", "STAND_IN=1"],
