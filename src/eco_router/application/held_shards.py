@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 from eco_router.application.messages import Delivery
+from eco_router.domain.read_plan import Phase, Shard
 
-
-class Phase(Enum):
-    """Where a held shard is in its life with this router."""
-
-    TAKING_OVER = "taking over"  # routing what earlier holders left pending, before new entries
-    READING = "reading"
-    RELEASING = "releasing"  # read no more; given up once nothing of it is in hand
+__all__ = ["HeldShard", "HeldShards", "Phase", "streams_of"]
 
 
 @dataclass(slots=True)
@@ -105,6 +99,10 @@ class HeldShards:
 
     def streams(self) -> list[str]:
         return list(self._held)
+
+    def shards(self, quarantined: Collection[str]) -> tuple[Shard, ...]:
+        """The held shards as the read plan sees them."""
+        return tuple(Shard(s, h.token, h.phase, s in quarantined) for s, h in self._held.items())
 
     def picked_up(self, streams: Iterable[str]) -> None:
         """Entries of these streams are in hand (a read in flight counts one per stream)."""
