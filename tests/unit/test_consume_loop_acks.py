@@ -51,12 +51,12 @@ class CountingSource(InMemoryEventSource):
 
     async def wait_for_new(
         self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> None:
+    ) -> dict[str, str]:
         self.calls.append("wait_for_new")
         self.carried += len(acks)
         if acks:
             await asyncio.sleep(self.slow_s)
-        await super().wait_for_new(marks, block_ms=block_ms, acks=acks)
+        return await super().wait_for_new(marks, block_ms=block_ms, acks=acks)
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         if deliveries:

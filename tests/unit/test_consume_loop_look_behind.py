@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
-from eco_router.application.consume_loop import LOOK_BEHIND_AFTER_ENTRIES, LOOK_BEHIND_EVERY_S
 from eco_router.application.messages import Delivery, ReadBatch
+from eco_router.domain.read_plan import LOOK_BEHIND_AFTER_ENTRIES, LOOK_BEHIND_EVERY_S
 from tests.unit.factories import GROUP, Harness, eventually
 
 
