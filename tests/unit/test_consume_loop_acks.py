@@ -49,15 +49,6 @@ class CountingSource(InMemoryEventSource):
             raise TransientError("connection reset after the server had read")
         return batch
 
-    async def wait_for_new(
-        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> dict[str, str]:
-        self.calls.append("wait_for_new")
-        self.carried += len(acks)
-        if acks:
-            await asyncio.sleep(self.slow_s)
-        return await super().wait_for_new(marks, block_ms=block_ms, acks=acks)
-
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         if deliveries:
             self.calls.append("ack")
@@ -202,37 +193,6 @@ class TestAcksRideOnTheNextRoundTrip:
 
             await eventually(lambda: stream in held.drained())
             assert held.drained_while_pending == []
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
-
-
-class TestWaitsAfterEntriesOthersRouted:
-    async def test_a_router_behind_entries_another_consumer_routed_waits_instead_of_spinning(
-        self,
-    ) -> None:
-        h = Harness()
-        source = CountingSource(
-            h.streams, families=[h.family], group=GROUP, consumer=h.consumer, blocking=False
-        )
-        other = h.consumer_source("router-b")
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source).run(stop))
-        try:
-            await eventually(h.groups_ready)
-            await eventually(lambda: "wait_for_new" in source.calls)
-            # Another consumer (the holder after a pause this router has not noticed yet)
-            # reads and acks entries after this router's position.
-            h.xadd("job-1", 1)
-            taken = await other.read_new({h.family.stream_for("job-1"): "0-0"}, count=10)
-            await other.ack(taken.deliveries)
-            reads = source.calls.count("read_new")
-            await asyncio.sleep(0.3)
-
-            # A read after each wait that timed out (the harness blocks 5 ms), no more.
-            assert source.calls.count("read_new") - reads <= 0.3 / 0.005 + 3
-            assert h.published_seqs("job-1") == []
         finally:
             stop.set()
             async with asyncio.timeout(5.0):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eco_router.adapters.waited_reads import later, past_seen
 from eco_router.domain.read_plan import (
     LOOK_BEHIND_AFTER_ENTRIES,
     LOOK_BEHIND_EVERY_S,
@@ -32,10 +33,8 @@ from eco_router.domain.read_plan import (
     after_read,
     blocking_ms,
     busy,
-    later,
     look_behind_due,
     next_step,
-    past_seen,
 )
 
 A, B, C = "scan:events:0", "scan:events:1", "scan:events:2"
@@ -47,7 +46,6 @@ def situation(*shards: Shard, **overrides: object) -> Situation:
         "shards": shards,
         "now": 100.0,
         "block_ms": BLOCK_MS,
-        "can_block": True,
         "looked_behind_s": 99.9,
     }
     values.update(overrides)
@@ -116,44 +114,26 @@ class TestNextStep:
         assert next_step(situation(releasing(A))) == Wait()
         assert next_step(situation()) == Wait()
 
-    def test_after_a_draining_read_a_blocking_source_blocks(self) -> None:
-        drained = Drained({A: "5-0"}, {A: 1})
-        step = next_step(situation(reading(A), drained=drained, looked_behind_s=-math.inf))
-        assert step == Read({A: 1}, look_behind=True, block_ms=BLOCK_MS)
-
-    def test_after_a_draining_read_another_source_waits_for_appends_after_the_marks(
+    def test_after_a_draining_read_the_next_one_blocks_with_the_acks_riding_on_it(
         self,
     ) -> None:
-        drained = Drained({A: "5-0"}, {A: 1})
-        now = situation(reading(A), drained=drained, can_block=False, owed_acks=2)
-        assert next_step(now) == Wait({A: "5-0"})  # the acks ride on the wait
+        drained = Drained({A: 1})
+        now = situation(reading(A), drained=drained, looked_behind_s=-math.inf, owed_acks=2)
+        assert next_step(now) == Read({A: 1}, look_behind=True, block_ms=BLOCK_MS)
 
     def test_a_drained_read_of_other_shards_or_tokens_does_not_block(self) -> None:
-        for drained in (Drained({A: "5-0"}, {A: 1}), Drained({B: "5-0"}, {B: 2})):
+        for drained in (Drained({A: 1}), Drained({B: 2})):
             now = situation(reading(A), reading(B), drained=drained)
             assert next_step(now) == Read({A: 1, B: 1}, look_behind=False)
 
-    def test_a_source_that_cannot_block_waits_for_held_shards_without_marks(self) -> None:
-        drained = Drained({}, {A: 1})
-        now = situation(reading(A), drained=drained, can_block=False)
-        assert next_step(now) == Wait()
-        assert next_step(replace(now, owed_acks=1)) == FlushAcks()
-
 
 def every_situation() -> Iterator[Situation]:
-    """Every combination of what the plan looks at, on three shards."""
+    """Every combination of what the plan looks at, on two shards (a third to probe)."""
     phases = [None, *Phase]
-    flags = itertools.product([False, True], repeat=8)
-    for shard_phases, (
-        quarantine,
-        back,
-        stop,
-        grace,
-        retry,
-        pre,
-        can_block,
-        drained,
-    ) in itertools.product(itertools.product(phases, repeat=2), flags):
+    flags = itertools.product([False, True], repeat=7)
+    for shard_phases, (quarantine, back, stop, grace, retry, pre, drained) in itertools.product(
+        itertools.product(phases, repeat=2), flags
+    ):
         shards = tuple(
             Shard(stream, 1, phase, quarantined=quarantine and stream == A)
             for stream, phase in zip((A, B), shard_phases, strict=True)
@@ -168,10 +148,9 @@ def every_situation() -> Iterator[Situation]:
                 past_grace=stop and grace,
                 retrying=retry,
                 prefetched=pre,
-                can_block=can_block,
                 owed_acks=owed,
                 probes_due=probes,
-                drained=Drained({s: "1-0" for s in tokens}, tokens) if drained else None,
+                drained=Drained(tokens) if drained else None,
             )
 
 
@@ -195,10 +174,10 @@ def check_rules(now: Situation, step: Step) -> None:
     if isinstance(step, Read):
         assert not now.taking_over(), "take-over first"
         assert dict(step.tokens) == now.reading()
-        assert step.block_ms == 0 or (now.can_block and now.drained is not None)
+        assert step.block_ms == 0 or now.drained is not None
     if isinstance(step, Wait):
-        assert step.marks == {} or not now.can_block
-        assert step.marks != {} or now.owed_acks == 0, "acks ride only on a wait for appends"
+        assert not now.reading(), "a router with shards to read reads them"
+        assert now.owed_acks == 0, "owed acks land before a wait"
     if isinstance(step, Stop):
         assert now.stopping
         assert step.abandon == now.retrying
@@ -268,40 +247,35 @@ class TestLookBehind:
 
 
 class TestAfterRead:
-    def test_a_read_that_drained_its_shards_makes_the_next_wait(self) -> None:
+    def test_a_read_that_drained_its_shards_makes_the_next_block(self) -> None:
         now = situation(reading(A))
-        read = ReadResult({A: 1}, brought=3, marks={A: "9-0"})
-        assert after_read(now, read) == AfterRead(drained=Drained({A: "9-0"}, {A: 1}))
+        read = ReadResult({A: 1}, brought=3, drained=True)
+        assert after_read(now, read) == AfterRead(drained=Drained({A: 1}))
 
     def test_behind_a_backlog_the_next_read_starts_while_this_batch_is_routed(self) -> None:
         now = situation(reading(A), reading(B, 2), busy=True)
-        read = ReadResult({A: 1}, brought=10, marks={})
+        read = ReadResult({A: 1}, brought=10, drained=False)
         assert after_read(now, read) == AfterRead(prefetch=Read({A: 1, B: 2}, look_behind=True))
 
     def test_no_read_starts_while_stopping_or_taking_over(self) -> None:
-        read = ReadResult({A: 1}, brought=10, marks={})
+        read = ReadResult({A: 1}, brought=10, drained=False)
         assert after_read(situation(reading(A), stopping=True), read) == AfterRead()
         assert after_read(situation(reading(A), taking_over(B)), read) == AfterRead()
 
-    def test_an_empty_read_waits_after_its_marks(self) -> None:
-        read = ReadResult({A: 1}, brought=0, marks={A: "9-0"})
-        expected = AfterRead(drained=Drained({A: "9-0"}, {A: 1}))
-        assert after_read(situation(reading(A)), read) == expected
-        assert after_read(situation(reading(A), can_block=False), read) == expected
+    def test_an_empty_read_makes_the_next_block(self) -> None:
+        read = ReadResult({A: 1}, brought=0, drained=True)
+        assert after_read(situation(reading(A)), read) == AfterRead(drained=Drained({A: 1}))
 
-    def test_an_empty_read_of_shards_that_changed_meanwhile_does_not_wait(self) -> None:
-        read = ReadResult({A: 1}, brought=0, marks={A: "9-0"})
+    def test_an_empty_read_of_shards_that_changed_meanwhile_does_not_block(self) -> None:
+        read = ReadResult({A: 1}, brought=0, drained=True)
         assert after_read(situation(reading(A), reading(B)), read) == AfterRead()
         assert after_read(situation(reading(A, 2)), read) == AfterRead()
         assert after_read(situation(reading(A), taking_over(B)), read) == AfterRead()
         assert after_read(situation(reading(A)), replace(read, broken=True)) == AfterRead()
 
-    def test_an_empty_read_without_marks_blocks_no_longer(self) -> None:
-        read = ReadResult({A: 1}, brought=0, marks={})
+    def test_an_empty_read_that_did_not_drain_is_followed_at_once(self) -> None:
+        read = ReadResult({A: 1}, brought=0, drained=False)
         assert after_read(situation(reading(A)), read) == AfterRead()
-        assert after_read(situation(reading(A), can_block=False), read) == AfterRead(
-            drained=Drained({}, {A: 1})
-        )
 
 
 class TestMarks:
@@ -336,7 +310,6 @@ class Sim:
     """One router carrying out the plan against a simulated source, with faults injected."""
 
     shards: dict[str, SimShard]
-    can_block: bool
     phase: dict[str, Phase] = field(default_factory=dict)
     cursor: dict[str, int] = field(default_factory=dict)
     last_id: dict[str, int] = field(default_factory=dict)
@@ -364,7 +337,6 @@ class Sim:
             shards=tuple(Shard(s, 1, p) for s, p in self.phase.items()),
             now=self.now,
             block_ms=BLOCK_MS,
-            can_block=self.can_block,
             looked_behind_s=self.looked_behind_s,
             busy=self.busy,
             backing_off=self.failed,
@@ -404,10 +376,6 @@ class Sim:
                 self.failed = True
                 return
             batch, starts = self.take_read(read, outcome)
-        elif isinstance(step, Wait):
-            self.drained = None
-            self.ack(self.owed)  # they ride on the wait
-            self.owed = []
         if batch:
             self.route(batch, starts)
         if not self.unsettled:
@@ -473,7 +441,7 @@ class Sim:
         keep = {s for s in read.tokens if self.phase[s] is Phase.READING}
         entries = [(s, i) for s, i in outcome.entries if s in keep]
         starts = {s: start for s, start in outcome.starts.items() if s in keep}
-        result = ReadResult(read.tokens, len(entries), outcome.marks)
+        result = ReadResult(read.tokens, len(entries), bool(outcome.marks))
         follow = after_read(self.situation(), result)
         self.drained = follow.drained
         if follow.prefetch is not None:
@@ -530,11 +498,11 @@ FAULTS = st.lists(
 
 class TestEveryEntryRoutedOnceInStreamOrder:
     @settings(max_examples=300, deadline=None)
-    @given(starting_shards(), st.booleans(), FAULTS, st.data())
+    @given(starting_shards(), FAULTS, st.data())
     def test_whatever_the_interleaving(
-        self, shards: dict[str, SimShard], can_block: bool, faults: list[str], data: st.DataObject
+        self, shards: dict[str, SimShard], faults: list[str], data: st.DataObject
     ) -> None:
-        sim = Sim(shards, can_block)
+        sim = Sim(shards)
         for fault in faults:
             stream = data.draw(st.sampled_from(sorted(shards)))
             shard = shards[stream]

@@ -36,9 +36,7 @@ from eco_router.domain.read_plan import (
     Wait,
     after_read,
     busy,
-    later,
     next_step,
-    past_seen,
 )
 from eco_router.domain.streams import shard_of
 
@@ -119,8 +117,6 @@ class ConsumeLoop:
         self._prefetch: tuple[asyncio.Task[ReadBatch], Mapping[str, int]] | None = None
         self._drained: Drained | None = None
         self._finishing: set[str] = set()
-        # Per shard, the last entry a wait for appends saw that a read then did not bring.
-        self._seen: dict[str, str] = {}
         # What wakes a blocking read: held shards changed, stop. Kept from read to read.
         self._wakers: dict[str, asyncio.Future[object]] = {}
         self._looked_behind_s = -math.inf
@@ -167,7 +163,6 @@ class ConsumeLoop:
             shards=self._held.shards(self.health.blocked()),
             now=self._clock.monotonic(),
             block_ms=self._block_ms,
-            can_block=self._source.can_block,
             looked_behind_s=self._looked_behind_s,
             busy=self._busy,
             stopping=stop.is_set(),
@@ -234,8 +229,7 @@ class ConsumeLoop:
                 return await self._read_blocking(step, stop)
             return self._take_read(await self._start_read(step), step.tokens, stop)
         elif isinstance(step, Wait):
-            self._drained = None
-            await self._wait_for_work(stop, past_seen(step.marks, self._seen))
+            await self._wait_for_work(stop)
         return NO_BATCH
 
     async def _prepare(self, stop: asyncio.Event) -> bool:
@@ -413,7 +407,7 @@ class ConsumeLoop:
             )
         self._retake(read.gaps)
         batch = self._still_reading(read, tokens)
-        result = ReadResult(tokens, len(batch.deliveries), batch.marks, bool(read.broken))
+        result = ReadResult(tokens, len(batch.deliveries), bool(batch.marks), bool(read.broken))
         follow = after_read(self._situation(stop), result)
         self._drained = follow.drained
         if follow.prefetch is not None:
@@ -446,35 +440,18 @@ class ConsumeLoop:
         starts = {s: start for s, start in read.starts.items() if s in keep}
         return ReadBatch(kept, read.gaps, read.marks, starts=starts)
 
-    async def _wait_for_work(self, stop: asyncio.Event, marks: Mapping[str, str]) -> None:
-        """Until an entry is appended after `marks`, the held shards change, stop, or a
-        quarantined shard's retry is due; the owed acks go with the wait for appends."""
-        acks = self._acks.take() if marks else []
-        waits: list[asyncio.Future[object]] = [
+    async def _wait_for_work(self, stop: asyncio.Event) -> None:
+        """Until the held shards change, stop, or a quarantined shard's retry is due."""
+        waits = [
             asyncio.ensure_future(self._held.changed.wait()),
             asyncio.ensure_future(stop.wait()),
         ]
-        appended: asyncio.Future[dict[str, str]] | None = None
-        if marks:
-            appended = asyncio.ensure_future(
-                self._source.wait_for_new(marks, block_ms=self._block_ms, acks=acks)
-            )
-            waits.append(cast("asyncio.Future[object]", appended))
         try:
-            done, _ = await asyncio.wait(
+            await asyncio.wait(
                 waits, timeout=self.health.next_retry_s(), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             await cancel_and_wait(waits)
-            if _succeeded(appended):
-                self._acks.landed(acks)
-            else:
-                self._acks.owe_again(acks)
-        for wait in done:
-            wait.result()  # a failed wait for appends is a transient error to back off from
-        if appended is not None and appended in done:
-            for stream, entry_id in appended.result().items():
-                self._seen[stream] = later(self._seen.get(stream), entry_id)
 
     async def _settle(self, batch: Batch) -> list[Delivery]:
         result = await self._route(batch.deliveries, batch.fence, in_order=batch.starts, ack=False)
@@ -500,7 +477,6 @@ class ConsumeLoop:
             log.warning("stopping with %d routed entries not acknowledged: %s", owed, error)
 
     def _lost(self, stream: str) -> None:
-        self._seen.pop(stream, None)
         if self._held.lose(stream) is not None:
             log.warning("%s is held by another router now; dropping what is in hand", stream)
             self._metrics.lease_lost(self._family_of[stream].domain, shard_of(stream))
@@ -513,9 +489,3 @@ class ConsumeLoop:
             await sleep_unless_stopped(stop, delay)
         else:
             await asyncio.sleep(max(0.0, min(delay, self._deadline - time.monotonic())))
-
-
-def _succeeded(future: asyncio.Future[dict[str, str]] | None) -> bool:
-    return (
-        future is not None and future.done() and not future.cancelled() and not future.exception()
-    )

@@ -12,23 +12,20 @@ do next is here, so the order guarantees can be checked without a server or an e
 - Take-over first: a newly held shard's pending entries are claimed before any new entry is
   read. Owed acks land before a claim (a routed entry not acked would be claimed again).
 - New entries: one read over every reading, non-quarantined shard. After a read that drained
-  them (same shards), the next read blocks on the server if the source can, else the router
-  waits for an append after the marks the read gave.
+  them (same shards under the same tokens), the next read blocks until an entry comes.
 - A read looks behind every shard after a busy read (`LOOK_BEHIND_AFTER_ENTRIES` entries or
   more) and at least every `LOOK_BEHIND_EVERY_S`; a blocking read waits no longer than the
   next look-behind or quarantine retry is due.
 - With nothing to read: owed acks are flushed, then the router waits for a change of held
-  shards or stop.
+  shards, stop or a quarantined shard's retry.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-
-from eco_router.domain.event import StreamEntryId
 
 # How often a read looks behind every shard it reads, for entries pending after its position.
 LOOK_BEHIND_EVERY_S = 1.0
@@ -58,9 +55,8 @@ class Shard:
 
 @dataclass(frozen=True, slots=True)
 class Drained:
-    """The last read took everything there was of `tokens`' shards; `marks` are their last ids."""
+    """The last read took everything there was of `tokens`' shards."""
 
-    marks: Mapping[str, str]
     tokens: Mapping[str, int]
 
 
@@ -71,7 +67,6 @@ class Situation:
     shards: tuple[Shard, ...]
     now: float
     block_ms: int
-    can_block: bool
     looked_behind_s: float = -math.inf
     busy: bool = False  # the last read brought `LOOK_BEHIND_AFTER_ENTRIES` or more
     stopping: bool = False
@@ -139,8 +134,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """Read new entries of `tokens`' shards (owed acks ride along); `block_ms` > 0 waits on
-    the server for the first entry."""
+    """Read new entries of `tokens`' shards (owed acks ride along); `block_ms` > 0 waits that
+    long for the first entry."""
 
     tokens: Mapping[str, int]
     look_behind: bool
@@ -149,10 +144,7 @@ class Read:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Wait for an append after `marks` (owed acks ride along), a change of held shards, stop
-    or a quarantined shard's retry; with no marks, for all but the first."""
-
-    marks: Mapping[str, str] = field(default_factory=dict)
+    """Nothing to read: wait for a change of held shards, stop or a quarantined shard's retry."""
 
 
 Step = Stop | BackOff | RouteAgain | TakePrefetched | Probe | FlushAcks | Claim | Read | Wait
@@ -178,12 +170,7 @@ def next_step(now: Situation) -> Step:
     tokens = now.reading()
     if not tokens:
         return FlushAcks() if now.owed_acks else Wait()
-    drained = now.drained
-    if drained is not None and dict(drained.tokens) == tokens:
-        if not now.can_block:
-            if not drained.marks and now.owed_acks:
-                return FlushAcks()
-            return Wait(drained.marks)
+    if now.drained is not None and dict(now.drained.tokens) == tokens:
         return Read(tokens, look_behind_due(now), block_ms=blocking_ms(now))
     return Read(tokens, look_behind_due(now))
 
@@ -212,7 +199,7 @@ class ReadResult:
 
     tokens: Mapping[str, int]
     brought: int  # entries kept of it (those of shards still read under the same token)
-    marks: Mapping[str, str]  # the shards' last ids when the read drained them
+    drained: bool  # it took everything there was (no shard gave a full count)
     broken: bool = False  # a shard was refused for good
 
 
@@ -231,38 +218,21 @@ def after_read(now: Situation, read: ReadResult) -> AfterRead:
     - A read that brought entries and drained its shards: the next read waits for appends.
     - Else, behind a backlog, the next read starts at once over the shards read now, unless
       stopping or a shard is being taken over (its claim comes first).
-    - A read that brought nothing, of the shards still read, none broken nor taken over:
-      the next one waits after its marks (a blocking source without marks reads again).
+    - A read that brought nothing and drained the shards, still read, none broken nor
+      taken over: the next one blocks.
     """
     reading = now.reading()
     if read.brought:
-        if read.marks:
-            return AfterRead(drained=Drained(read.marks, read.tokens))
+        if read.drained:
+            return AfterRead(drained=Drained(read.tokens))
         if reading and not now.stopping and not now.taking_over():
             return AfterRead(prefetch=Read(reading, look_behind_due(now)))
         return AfterRead()
-    if dict(read.tokens) != reading or now.taking_over() or read.broken:
+    if dict(read.tokens) != reading or now.taking_over() or read.broken or not read.drained:
         return AfterRead()
-    if now.can_block and not read.marks:
-        return AfterRead()
-    return AfterRead(drained=Drained(read.marks, read.tokens))
+    return AfterRead(drained=Drained(read.tokens))
 
 
 def busy(entries: int) -> bool:
     """Whether a read that brought `entries` makes the next read look behind."""
     return entries >= LOOK_BEHIND_AFTER_ENTRIES
-
-
-def past_seen(marks: Mapping[str, str], seen: Mapping[str, str]) -> dict[str, str]:
-    """`marks` of a read, each moved past the entry an earlier wait for appends saw after it:
-    the read did not bring it, so another consumer has it (a router that took the shard over
-    while this one was paused, before it notices). Waiting after it again would return at
-    once, read by read."""
-    return {s: later(seen.get(s), mark) for s, mark in marks.items()}
-
-
-def later(first: str | None, second: str) -> str:
-    """The later of two entry ids (`first` may be missing)."""
-    if first is None or StreamEntryId.parse(second) > StreamEntryId.parse(first):
-        return second
-    return first
