@@ -19,7 +19,7 @@ from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
 from eco_router.application.stopping import cancel_and_wait, sleep_unless_stopped
-from eco_router.domain.event import StreamEntryId
+from eco_router.application.take_overs import TakeOvers
 from eco_router.domain.read_plan import (
     BackOff,
     Claim,
@@ -38,7 +38,6 @@ from eco_router.domain.read_plan import (
     busy,
     next_step,
 )
-from eco_router.domain.streams import shard_of
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,6 @@ class ConsumeLoop:
         self._source = source
         self._route = route
         self._held = held
-        self._metrics = metrics
         self._clock = clock
         self._read_count = read_count
         self._block_ms = block_ms
@@ -107,6 +105,14 @@ class ConsumeLoop:
         self.health = health or RouterHealth(clock=clock, metrics=metrics, families=source.families)
         self.prepared = asyncio.Event()
         self._acks = OwedAcks(source=source, held=held)
+        self._take_overs = TakeOvers(
+            source=source,
+            held=held,
+            health=self.health,
+            metrics=metrics,
+            clock=clock,
+            page_size=read_count,
+        )
         self._runs = 0
         self._reset()
 
@@ -116,7 +122,7 @@ class ConsumeLoop:
         self._deadline: float | None = None
         self._prefetch: tuple[asyncio.Task[ReadBatch], Mapping[str, int]] | None = None
         self._drained: Drained | None = None
-        self._finishing: set[str] = set()
+        self._take_overs.abandon()
         # What wakes a blocking read: held shards changed, stop. Kept from read to read.
         self._wakers: dict[str, asyncio.Future[object]] = {}
         self._looked_behind_s = -math.inf
@@ -186,7 +192,7 @@ class ConsumeLoop:
             self._unsettled = Batch(unsettled, batch.fence, batch.starts)
             self._failed = bool(unsettled)
             if not unsettled:
-                self._finish_take_overs()
+                self._take_overs.finish()
         except TransientError as error:
             self.health.troubled("consumer", error)
             self._unsettled, self._failed = batch, True
@@ -196,16 +202,16 @@ class ConsumeLoop:
             if error.key in self._family_of:
                 # Refused for good on one shard (its ack): the rest of the batch settled.
                 self.health.quarantine(error.key, error)
-                self._finishing.discard(error.key)
+                self._take_overs.abandon(error.key)
             else:
                 # A job's key, say: poison for the reclaimer, like any other error.
                 log.error("routing refused, the batch stays pending: %s", error)
-                self._finishing.clear()
+                self._take_overs.abandon()
                 self._failed = True
         except Exception:
             log.exception("routing failed; the batch stays pending for the reclaimer")
             self._held.put_down(streams_of(batch.deliveries))
-            self._finishing.clear()
+            self._take_overs.abandon()
             self._unsettled, self._failed = NO_BATCH, True
         if not self._failed:
             self._backoff.reset()
@@ -222,7 +228,8 @@ class ConsumeLoop:
         elif isinstance(step, FlushAcks):
             await self._acks.flush()
         elif isinstance(step, Claim):
-            return await self._claim_left(step.stream)
+            deliveries, token = await self._take_overs.claim(step.stream)
+            return Batch(deliveries, {step.stream: token}) if deliveries else NO_BATCH
         elif isinstance(step, Read):
             self._drained = None
             if step.block_ms:
@@ -292,64 +299,6 @@ class ConsumeLoop:
             if waker is None or waker.done():
                 self._wakers[name] = asyncio.ensure_future(event.wait())
         return list(self._wakers.values())
-
-    async def _claim_left(self, stream: str) -> Batch:
-        """The next page of what earlier holders left on `stream`."""
-        held = self._held.get(stream)
-        if held is None:
-            return NO_BATCH
-        try:
-            page = await self._source.claim(
-                stream, token=held.token, cursor=held.cursor, min_idle_ms=0, count=self._read_count
-            )
-        except PermanentError as error:
-            self.health.quarantine(stream, error)
-            self._finishing.discard(stream)
-            return NO_BATCH
-        if page.fenced:
-            self._lost(stream)
-            return NO_BATCH
-        self.health.worked([stream])
-        if page.last_delivered is not None:
-            held.last_id = page.last_delivered
-        if page.deliveries:
-            # A previous holder that had not noticed its loss may have read past where the
-            # take-over began, and those entries are claimed here: the position moves past
-            # them, or reads that bring nothing would wait after them and return at once.
-            last = max(StreamEntryId.parse(d.entry_id) for d in page.deliveries)
-            if last > StreamEntryId.parse(held.last_id):
-                held.last_id = str(last)
-        held.cursor = page.cursor
-        held.claimed += len(page.deliveries)
-        if page.wrapped:
-            self._finishing.add(stream)
-        if not page.deliveries:
-            self._finish_take_overs()
-            return NO_BATCH
-        self._held.picked_up(streams_of(page.deliveries))
-        return Batch(page.deliveries, {stream: held.token})
-
-    def _finish_take_overs(self) -> None:
-        for stream in self._finishing:
-            held = self._held.took_over(stream)
-            if held is None:
-                continue
-            if held.again:
-                held.again = False
-                continue
-            seconds = self._clock.monotonic() - held.acquired_s
-            family = self._family_of[stream]
-            self._metrics.taken_over(
-                family.domain, shard_of(stream), claimed=held.claimed, seconds=seconds
-            )
-            if held.claimed:
-                log.info(
-                    "took over %s: %d entries left pending routed in %.3f s",
-                    stream,
-                    held.claimed,
-                    seconds,
-                )
-        self._finishing.clear()
 
     def _start_read(self, step: Read) -> asyncio.Task[ReadBatch]:
         # A read in flight holds its shards: none is handed over before its entries settle.
@@ -458,7 +407,7 @@ class ConsumeLoop:
         if result.error is not None:
             self.health.troubled("consumer", result.error)
         for stream in result.fenced:
-            self._lost(stream)
+            self._take_overs.lost(stream)
         self._retake(result.gaps)  # as a read's look behind would have
         self._acks.owe(result.to_ack)
         # Unsettled entries stay in hand, and so do settled ones until their ack lands.
@@ -475,13 +424,6 @@ class ConsumeLoop:
         except Exception as error:
             # Routed and published: whoever claims them judges them applied already.
             log.warning("stopping with %d routed entries not acknowledged: %s", owed, error)
-
-    def _lost(self, stream: str) -> None:
-        if self._held.lose(stream) is not None:
-            log.warning("%s is held by another router now; dropping what is in hand", stream)
-            self._metrics.lease_lost(self._family_of[stream].domain, shard_of(stream))
-            self._metrics.shard_held(self._family_of[stream].domain, shard_of(stream), None)
-        self._finishing.discard(stream)
 
     async def _pause(self, stop: asyncio.Event) -> None:
         delay = self._backoff.next_delay()

@@ -170,7 +170,7 @@ def next_step(now: Situation) -> Step:
     tokens = now.reading()
     if not tokens:
         return FlushAcks() if now.owed_acks else Wait()
-    if now.drained is not None and dict(now.drained.tokens) == tokens:
+    if now.drained is not None and now.drained.tokens == tokens:
         return Read(tokens, look_behind_due(now), block_ms=blocking_ms(now))
     return Read(tokens, look_behind_due(now))
 
@@ -228,7 +228,7 @@ def after_read(now: Situation, read: ReadResult) -> AfterRead:
         if reading and not now.stopping and not now.taking_over():
             return AfterRead(prefetch=Read(reading, look_behind_due(now)))
         return AfterRead()
-    if dict(read.tokens) != reading or now.taking_over() or read.broken or not read.drained:
+    if read.tokens != reading or now.taking_over() or read.broken or not read.drained:
         return AfterRead()
     return AfterRead(drained=Drained(read.tokens))
 
