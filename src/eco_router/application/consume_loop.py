@@ -74,8 +74,9 @@ class ConsumeLoop:
       a group that vanished is created again at this router's position on the shard.
     - Any other error: log it and leave the batch pending for the reclaimer, which brings it
       back with its delivery count, so a poison entry ends in the dead-letter stream.
-    - Acks ride on the next read or wait for appends (`OwedAcks`); alone only when the plan
-      flushes them, and at stop.
+    - Acks ride on the next read (`OwedAcks`); alone only when the plan flushes them, and at
+      stop. A settled entry counts as in hand until its ack has landed, so a shard is not
+      given up before.
     - Stop: the batch in flight is finished within `drain_grace_s`, the rest stays pending.
     """
 
