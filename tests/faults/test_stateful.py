@@ -180,8 +180,7 @@ CLOCK_MOVES = st.sampled_from((10, 500, RENEW_MS, 2_500, LEASE_TTL_MS, 5_000, 12
 
 # The calls of a router's adapters: a batch is a read (or a claim), an apply, a publish and
 # dead letters, its acks going with the next read (or on their own before a claim and at
-# stop); beside it run heartbeats, lease moves, the wake of a blocked read and waits for
-# entries (where reads cannot block).
+# stop); beside it run heartbeats, lease moves and the wake of a blocked read.
 CALLS = (
     "read_new",
     "claim",
@@ -190,7 +189,6 @@ CALLS = (
     "send",
     "ack",
     "interrupt",
-    "wait_for_new",
     "heartbeat",
     "acquire",
     "release",

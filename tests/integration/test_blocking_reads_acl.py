@@ -1,5 +1,5 @@
 """Blocking reads where an ACL forbids CLIENT UNBLOCK or CLIENT ID: the source stops blocking
-(its reads return at once, the router waits with XREAD instead) and loses nothing."""
+on the server (its blocking reads wait for appends with XREAD instead) and loses nothing."""
 
 from __future__ import annotations
 
@@ -71,6 +71,10 @@ async def test_without_client_id_reads_stop_blocking_after_the_first_connection(
             await source.read_new(AFTER, count=10, block_ms=50)
 
         assert not source.can_block
-        async with asyncio.timeout(5):
-            assert (await source.read_new(AFTER, count=10, block_ms=30_000)).deliveries == []
         assert "blocking reads are off" in caplog.text
+        reading = asyncio.ensure_future(source.read_new(AFTER, count=10, block_ms=30_000))
+        await asyncio.sleep(0.1)
+        assert not reading.done()
+        written = await streams_redis.xadd(FAMILY.streams[1], {"job_id": "j", "seq": "1"})
+        async with asyncio.timeout(5):
+            assert [d.entry_id for d in (await reading).deliveries] == [written.decode()]

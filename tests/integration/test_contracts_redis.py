@@ -96,6 +96,15 @@ class TestRedisStreamEventSource(EventSourceContract):
         await self.redis.set(GroupKeys(GROUP).epoch(stream), token)
 
 
+class TestRedisStreamEventSourceWaitingForAppends(TestRedisStreamEventSource):
+    """Without a reader of its own (as on a Redis Cluster) a blocking read waits for appends."""
+
+    async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        return RedisStreamEventSource(
+            self.redis, families=self.families, group=group, consumer=consumer
+        )
+
+
 class TestRedisLuaStateStore(StateStoreContract):
     @pytest.fixture(autouse=True)
     def _backend(self, streams_redis: Redis) -> None:

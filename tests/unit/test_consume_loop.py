@@ -1,17 +1,27 @@
-"""ConsumeLoop on the in-memory adapters: start-up, take-over, held shards, retrying, stopping."""
+"""ConsumeLoop on the in-memory adapters: it carries the read plan out (`test_read_plan.py`
+checks the plan itself): start-up, take-over, held shards, retrying, stopping, acks riding on
+reads, wake-ups, lost read replies, look-behind."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
-from eco_router.application.errors import PermanentError
-from eco_router.application.held_shards import HeldShards
-from eco_router.application.messages import Applied, EncodedEvent, ReadStart
+from eco_router.application.errors import PermanentError, TransientError
+from eco_router.application.held_shards import HeldShards, Phase
+from eco_router.application.messages import (
+    Applied,
+    ClaimPage,
+    Delivery,
+    EncodedEvent,
+    ReadBatch,
+    ReadStart,
+)
+from eco_router.domain.read_plan import LOOK_BEHIND_AFTER_ENTRIES, LOOK_BEHIND_EVERY_S
 from eco_router.domain.verdict import Verdict
 from tests.unit.factories import GROUP, Harness, eventually
 
@@ -347,3 +357,472 @@ class TestHeldShards:
 
         assert h.published_seqs("job-1") == [1]
         assert h.streams.lag(stream, "router") == 1
+
+
+class AckCountingSource(InMemoryEventSource):
+    """Counts the calls that reach the server and which of them carried acks; can lose the
+    reply of the next read that brings entries, after the server has done its work."""
+
+    lose_next_read = False
+    cut_next_read = False  # the next read carrying acks fails before reaching the server
+    slow_s = 0.0  # how long a call carrying acks takes before the server sees it
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls: list[str] = []
+        self.carried = 0
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        self.calls.append("read_new")
+        self.carried += len(acks)
+        if acks:
+            await asyncio.sleep(self.slow_s)
+            if self.cut_next_read:
+                self.cut_next_read = False
+                raise TransientError("connection reset before the server saw the read")
+        batch = await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+        if self.lose_next_read and batch.deliveries:
+            self.lose_next_read = False
+            raise TransientError("connection reset after the server had read")
+        return batch
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        if deliveries:
+            self.calls.append("ack")
+        await super().ack(deliveries)
+
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
+    ) -> ClaimPage:
+        self.calls.append("claim")
+        return await super().claim(
+            stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
+        )
+
+
+class ReportingHeld(HeldShards):
+    """Notes every shard reported drained while entries of it were still pending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending_on: Callable[[str], Mapping[str, object]] = lambda stream: {}
+        self.drained_while_pending: list[str] = []
+
+    def drained(self) -> list[str]:
+        drained = super().drained()
+        self.drained_while_pending += [s for s in drained if self.pending_on(s)]
+        return drained
+
+
+def ack_counting_source(h: Harness) -> AckCountingSource:
+    return AckCountingSource(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+
+
+async def run_until(h: Harness, source: AckCountingSource, done: object) -> None:
+    """Run the loop until `done()` holds, then stop it and wait for its end."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.consume_loop(source).run(stop))
+    try:
+        await eventually(h.groups_ready)
+        await eventually(lambda: "read_new" in source.calls)
+        await done()  # type: ignore[operator]
+    finally:
+        stop.set()
+        async with asyncio.timeout(5.0):
+            await task
+
+
+class TestAcksRideOnTheNextRoundTrip:
+    async def test_events_arriving_one_by_one_are_acked_without_a_round_trip_of_their_own(
+        self,
+    ) -> None:
+        h = Harness()
+        source = ack_counting_source(h)
+
+        async def one_by_one() -> None:
+            for seq in range(1, 6):
+                h.xadd("job-1", seq)
+                await eventually(lambda seq=seq: h.published_seqs("job-1")[-1:] == [seq])
+            await eventually(lambda: h.pending() == {})
+            calls.extend(source.calls)
+
+        calls: list[str] = []
+        await run_until(h, source, one_by_one)
+
+        assert h.published_seqs("job-1") == [1, 2, 3, 4, 5]
+        assert source.carried >= 5
+        assert "ack" not in calls
+
+    async def test_what_is_routed_last_is_acked_at_stop(self) -> None:
+        h = Harness()
+        source = ack_counting_source(h)
+        source.slow_s = 1.0  # stop comes while the wait carrying the ack is on its way
+        stop = asyncio.Event()
+        loop = h.consume_loop(source)
+        task = asyncio.create_task(loop.run(stop))
+        await eventually(h.groups_ready)
+        h.xadd("job-1", 1)
+        await eventually(lambda: h.published_seqs("job-1") == [1])
+
+        stop.set()
+        async with asyncio.timeout(5.0):
+            await task
+
+        assert h.pending() == {}
+
+    async def test_owed_acks_land_before_a_claim_so_nothing_is_published_twice(self) -> None:
+        h = Harness()
+        source = ack_counting_source(h)
+
+        async def a_backlog_whose_first_read_carrying_acks_is_cut() -> None:
+            # Read 10 at a time: the third read carries the first batch's acks.
+            source.cut_next_read = True
+            for seq in range(1, 26):
+                h.xadd("job-1", seq)
+            await eventually(lambda: not source.cut_next_read)
+            await eventually(lambda: h.published_seqs("job-1")[-1:] == [25])
+            await eventually(lambda: h.pending() == {})
+
+        await run_until(h, source, a_backlog_whose_first_read_carrying_acks_is_cut)
+
+        # The cut read took the shard back to a take-over: claiming the first batch before
+        # its acks landed would publish it again.
+        assert h.published_seqs("job-1") == list(range(1, 26))
+        assert "claim" in source.calls[source.calls.index("read_new") :]
+
+    async def test_a_read_that_lost_its_reply_had_acked_and_acking_again_is_harmless(
+        self,
+    ) -> None:
+        h = Harness()
+        source = ack_counting_source(h)
+
+        async def routed_then_a_read_loses_its_reply() -> None:
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+            source.lose_next_read = True
+            h.xadd("job-1", 2)
+            await eventually(lambda: not source.lose_next_read)
+            await eventually(lambda: h.published_seqs("job-1")[-1:] == [2])
+            await eventually(lambda: h.pending() == {})
+
+        await run_until(h, source, routed_then_a_read_loses_its_reply)
+
+        assert h.published_seqs("job-1") == [1, 2]
+
+    async def test_a_releasing_shard_is_given_up_only_once_its_acks_landed(self) -> None:
+        h = Harness()
+        source = ack_counting_source(h)
+        source.slow_s = 0.2
+        held = ReportingHeld()
+        for stream, token in h.fence.items():
+            held.gain(stream, token, since_ms=0, now_s=0.0)
+            held.took_over(stream)
+        held.pending_on = lambda stream: h.streams.pending(stream, GROUP)
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source, held=held).run(stop))
+        try:
+            await eventually(h.groups_ready)
+            stream = h.family.stream_for("job-1")
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+
+            held.start_release(stream)
+
+            await eventually(lambda: stream in held.drained())
+            assert held.drained_while_pending == []
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+
+
+class GainingDuringClaim(InMemoryEventSource):
+    """Claims as the server does; while the first claim's reply travels, the lease keeper
+    gains `stream` (it runs beside the consumer)."""
+
+    def __init__(self, *args: object, held: HeldShards, stream: str, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.held = held
+        self.stream = stream
+        self.gained = False
+
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
+    ) -> ClaimPage:
+        page = await super().claim(
+            stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
+        )
+        if not self.gained:
+            self.gained = True
+            self.held.gain(self.stream, 1, since_ms=0, now_s=0.0)
+            await asyncio.sleep(0)
+        return page
+
+
+class TestShardGainedMeanwhile:
+    async def test_a_shard_gained_during_a_take_over_that_ends_fenced_is_read(self) -> None:
+        h = Harness()
+        lost, gained = h.family.streams[0], h.family.streams[1]
+        h.leases.epochs[lost] += 1  # another router took `lost` over: its claim is fenced
+        held = HeldShards()
+        held.gain(lost, 1, since_ms=0, now_s=0.0)
+        source = GainingDuringClaim(
+            h.streams,
+            families=[h.family],
+            group=GROUP,
+            consumer=h.consumer,
+            held=held,
+            stream=gained,
+        )
+        job = next(f"job-{i}" for i in range(100) if h.family.stream_for(f"job-{i}") == gained)
+        h.xadd(job, 1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source, held=held).run(stop))
+        try:
+            await eventually(lambda: h.published_seqs(job) == [1], timeout_s=2.0)
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+        assert h.pending() == {}
+
+
+JOB = "job-1"
+
+
+class ReadBetweenClaimPages(InMemoryEventSource):
+    """Claims and reads as the server does, and counts reads; before the take-over's second
+    page, the previous holder (which has not noticed it lost the shard) reads an entry that
+    was just appended."""
+
+    def __init__(self, h: Harness, previous: InMemoryEventSource) -> None:
+        super().__init__(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        self.h = h
+        self.previous = previous
+        self.overlapped = False
+        self.reads = 0
+
+    async def claim(
+        self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int
+    ) -> ClaimPage:
+        if cursor != "0-0" and not self.overlapped:
+            self.overlapped = True
+            self.h.xadd(JOB, 6)
+            await self.previous.read_new({stream: "0-0"}, count=10)
+        return await super().claim(
+            stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
+        )
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        self.reads += 1
+        return await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+
+
+class TestTakeOverOverlappingTheLastRead:
+    async def test_the_router_waits_for_appends_once_everything_is_routed(self) -> None:
+        h = Harness()
+        stream = h.family.stream_for(JOB)
+        previous = h.consumer_source("previous-holder")
+        for seq in range(1, 6):
+            h.xadd(JOB, seq)
+        await previous.read_new({stream: "0-0"}, count=10)  # left pending by the holder
+        source = ReadBetweenClaimPages(h, previous)
+        held = h.held_shards(Phase.TAKING_OVER)
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source, read_count=2, held=held).run(stop))
+        try:
+            await eventually(lambda: h.published_seqs(JOB) == [1, 2, 3, 4, 5, 6])
+            assert h.pending() == {}
+            reads = source.reads
+            await asyncio.sleep(0.2)  # nothing new: each read waits 5 ms for an append
+            assert source.reads - reads < 100
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+
+
+class LosingOneReply(InMemoryEventSource):
+    """Reads as the server does (the entries become pending to this consumer), then loses
+    the reply of the first read that brought entries once `lose_next` is set."""
+
+    lose_next = False
+
+    async def read_new(
+        self,
+        tokens: Mapping[str, int],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        batch = await super().read_new(
+            tokens, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+        if self.lose_next and batch.deliveries:
+            self.lose_next = False
+            raise TransientError("connection reset after the server had read")
+        return batch
+
+
+async def seq_1_read_with_a_lost_reply_then_seq_2(
+    h: Harness, source: LosingOneReply | RetryingAfterALostReply
+) -> None:
+    """Run the loop on `source`: job-1's seq 1 is read with a lost reply, then seq 2 comes."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.consume_loop(source).run(stop))
+    try:
+        await eventually(h.groups_ready)
+        source.lose_next = True
+        h.xadd("job-1", 1)
+        await eventually(lambda: not source.lose_next)
+        h.xadd("job-1", 2)
+        await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
+    finally:
+        stop.set()
+        async with asyncio.timeout(5.0):
+            await task
+
+
+class TestLostReadReply:
+    async def test_entries_read_with_a_lost_reply_are_routed_before_newer_ones(self) -> None:
+        h = Harness()
+        source = LosingOneReply(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
+
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.pending() == {}
+
+
+class RetryingAfterALostReply(InMemoryEventSource):
+    """Like a client that retries a read whose reply was lost: the entries the first attempt
+    took are pending to this consumer, and the caller gets only the second attempt's."""
+
+    lose_next = False
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        first = await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+        if not (self.lose_next and first.deliveries):
+            return first
+        # The reply of the attempt that took entries is lost; the retry reads on.
+        self.lose_next = False
+        return await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+
+
+class TestRetriedRead:
+    async def test_what_the_lost_attempt_took_is_routed_before_what_the_retry_read(self) -> None:
+        h = Harness()
+        source = RetryingAfterALostReply(
+            h.streams, families=[h.family], group=GROUP, consumer=h.consumer
+        )
+        await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
+
+        assert h.published_seqs("job-1") == [1, 2]
+        assert h.pending() == {}
+
+
+class RecordingSource(InMemoryEventSource):
+    """Notes, for each read that brought entries, whether it looked behind and how many
+    entries it brought."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.reads: list[tuple[bool, int]] = []
+        self.calls: list[bool] = []  # whether each read, entries or not, looked behind
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        self.calls.append(look_behind)
+        batch = await super().read_new(
+            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+        )
+        if batch.deliveries:
+            self.reads.append((look_behind, len(batch.deliveries)))
+        return batch
+
+
+class TestWhichReadsLookBehind:
+    async def test_after_a_busy_read_and_once_a_second_a_read_looks_behind(
+        self,
+    ) -> None:
+        h = Harness()
+        source = RecordingSource(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        job, busy = "job-1", LOOK_BEHIND_AFTER_ENTRIES
+        stop = asyncio.Event()
+        task = asyncio.create_task(h.consume_loop(source).run(stop))
+
+        async def route(*events: tuple[str, int]) -> None:
+            for job_id, seq in events:
+                h.xadd(job_id, seq)
+            for job_id, seq in events:
+                await eventually(lambda j=job_id, s=seq: s in h.published_seqs(j))
+
+        try:
+            await eventually(h.groups_ready)
+            # The first read looks behind; the ones after it, within the second, do not.
+            await eventually(lambda: source.calls[:1] == [True] and False in source.calls)
+            await route((job, 1))
+            await route((job, 2))
+            await route(*((job, seq) for seq in range(3, 3 + busy)))
+            await route((job, 3 + busy))
+            await route((job, 4 + busy))
+            before_the_second = len(source.calls)
+            h.clock.advance(int(LOOK_BEHIND_EVERY_S * 1000))
+            # Nothing comes, yet a read looks behind (the one under way when the second
+            # passed had decided not to; the next one does).
+            await eventually(lambda: True in source.calls[before_the_second:])
+            await route((job, 5 + busy))
+        finally:
+            stop.set()
+            async with asyncio.timeout(5.0):
+                await task
+
+        assert source.reads[:5] == [
+            (False, 1),
+            (False, 1),
+            (False, busy),
+            (True, 1),  # the read before was busy
+            (False, 1),
+        ]
+        assert h.published_seqs(job) == list(range(1, 6 + busy))
+        assert h.pending() == {}

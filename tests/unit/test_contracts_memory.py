@@ -76,6 +76,15 @@ class TestInMemoryEventSource(EventSourceContract):
         self.streams.lease_table(GROUP).epochs[stream] = token
 
 
+class TestInMemoryEventSourceWaitingForAppends(TestInMemoryEventSource):
+    """A source whose reads cannot block on the server: a blocking read waits for appends."""
+
+    async def make_source(self, *, consumer: str, group: str = GROUP) -> EventSource:
+        return InMemoryEventSource(
+            self.streams, families=self.families, group=group, consumer=consumer, blocking=False
+        )
+
+
 class TestInMemoryStateStore(StateStoreContract):
     @pytest.fixture(autouse=True)
     def _backend(self) -> None:

@@ -6,17 +6,11 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 from eco_router.application.messages import Delivery
+from eco_router.domain.read_plan import Phase, Shard
 
-
-class Phase(Enum):
-    """Where a held shard is in its life with this router."""
-
-    TAKING_OVER = "taking over"  # routing what earlier holders left pending, before new entries
-    READING = "reading"
-    RELEASING = "releasing"  # read no more; given up once nothing of it is in hand
+__all__ = ["HeldShard", "HeldShards", "Phase", "streams_of"]
 
 
 @dataclass(slots=True)
@@ -47,6 +41,13 @@ class HeldShards:
         self._held: dict[str, HeldShard] = {}
         self._in_hand: Counter[str] = Counter()
         self.changed = asyncio.Event()
+        # The read plan's view, made again only when a shard or a quarantine changed: the
+        # consumer asks for it before every step.
+        self._view: tuple[frozenset[str], tuple[Shard, ...]] | None = None
+
+    def _moved(self) -> None:
+        self._view = None
+        self.changed.set()
 
     def __contains__(self, stream: object) -> bool:
         return stream in self._held
@@ -64,14 +65,14 @@ class HeldShards:
 
     def gain(self, stream: str, token: int, *, since_ms: int, now_s: float) -> None:
         self._held[stream] = HeldShard(token, since_ms, now_s)
-        self.changed.set()
+        self._moved()
 
     def took_over(self, stream: str) -> HeldShard | None:
         """The take-over is complete: new entries may be read."""
         held = self._held.get(stream)
         if held is not None and held.phase is Phase.TAKING_OVER:
             held.phase = Phase.READING
-            self.changed.set()
+            self._moved()
         return held
 
     def take_over_again(self, streams: Iterable[str]) -> None:
@@ -84,19 +85,19 @@ class HeldShards:
                 held.phase = Phase.TAKING_OVER
                 held.cursor = "0-0"
                 held.again = True
-                self.changed.set()
+                self._moved()
 
     def start_release(self, stream: str) -> None:
         held = self._held.get(stream)
         if held is not None:
             held.phase = Phase.RELEASING
-            self.changed.set()
+            self._moved()
 
     def lose(self, stream: str) -> HeldShard | None:
         """Forget the shard (released, or taken by another router)."""
         held = self._held.pop(stream, None)
         if held is not None:
-            self.changed.set()
+            self._moved()
         return held
 
     def reading(self) -> dict[str, str]:
@@ -105,6 +106,16 @@ class HeldShards:
 
     def streams(self) -> list[str]:
         return list(self._held)
+
+    def shards(self, quarantined: frozenset[str]) -> tuple[Shard, ...]:
+        """The held shards as the read plan sees them."""
+        view = self._view
+        if view is None or view[0] != quarantined:
+            shards = tuple(
+                Shard(s, h.token, h.phase, s in quarantined) for s, h in self._held.items()
+            )
+            view = self._view = (quarantined, shards)
+        return view[1]
 
     def picked_up(self, streams: Iterable[str]) -> None:
         """Entries of these streams are in hand (a read in flight counts one per stream)."""

@@ -34,7 +34,8 @@ class ReadBatch:
 
     `gaps` are the shards where an entry after the reader's last one is pending at another
     consumer: a router that read it after losing the shard. When the read drained every
-    shard, `marks` holds each shard's last entry id, to wait for what comes after.
+    shard, `marks` holds each shard's last entry id (the next read blocks; a source that
+    cannot block on the server waits for an append after them).
     `broken` are the shards the server refused to read for good (nothing was read of them);
     `regrouped` the shards whose group had vanished, created again at the id given. `starts`
     tells, per shard it brought entries of, where the read began, for the apply to check

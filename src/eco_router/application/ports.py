@@ -62,12 +62,6 @@ class EventSource(Protocol):
         the wrong type); `TransientError` if any was refused for now."""
         ...
 
-    @property
-    def can_block(self) -> bool:
-        """Whether `read_new` can wait on the server for entries (and `interrupt` wake it);
-        otherwise `wait_for_new` waits."""
-        ...
-
     async def read_new(
         self,
         after: Mapping[str, str],
@@ -82,12 +76,11 @@ class EventSource(Protocol):
         entry after it pending at another consumer (or at this one, taken by a read whose
         reply was lost) is reported as a gap; without, the apply of what was read checks that
         (`starts`), and a shard that brought nothing is not looked at. A read that drains
-        every shard returns marks to wait after. A shard refused for good is reported
+        every shard returns marks (it is `drained`). A shard refused for good is reported
         `broken` and the others are read; a shard whose group vanished gets it back at its
         `after` id, so nothing already read is read again.
-        With `block_ms` (and `can_block`), a read that finds nothing waits up to that long for
-        an entry, and `interrupt` wakes it: it returns what it took, perhaps nothing, never
-        losing it. Without, it returns at once.
+        With `block_ms`, a read that finds nothing waits up to that long for an entry, and
+        `interrupt` wakes it: it returns what it took, perhaps nothing, never losing it.
         `acks` are acknowledged first, in the same round trip: once the read returns they are
         acked, or refused for good on a shard reported `broken`; when it raises they may or
         may not be (acking again is harmless)."""
@@ -96,16 +89,6 @@ class EventSource(Protocol):
     async def interrupt(self) -> None:
         """Wake the blocking `read_new` in flight; with none, the next one does not block.
         `TransientError` if the server could not be asked (the read ends by itself)."""
-        ...
-
-    async def wait_for_new(
-        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> dict[str, str]:
-        """Return once a shard has an entry after its mark, or after `block_ms`; reads nothing
-        into the group, so cancelling it is always safe. Returns, per shard that has some, the
-        id of an entry after its mark (empty after the block). `acks` are acknowledged first,
-        in the same round trip: acked once it returns; when it raises or is cancelled they may
-        or may not be. A shard refusing its ack for good raises `PermanentError` naming it."""
         ...
 
     async def claim(

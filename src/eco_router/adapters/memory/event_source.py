@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
+from eco_router.adapters.waited_reads import WaitedReads
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
@@ -24,7 +25,8 @@ from eco_router.domain.streams import StreamFamily, shard_of
 
 class InMemoryEventSource(EventSource):
     """One consumer of one group; set `available = False` to simulate an unreachable server.
-    `blocking=False` makes it a source whose reads cannot block, as on a Redis Cluster."""
+    `blocking=False` makes it a source whose reads cannot block on the server, as on a Redis
+    Cluster: a blocking read waits for appends instead (`WaitedReads`)."""
 
     def __init__(
         self,
@@ -38,6 +40,7 @@ class InMemoryEventSource(EventSource):
         self.streams = streams
         self.available = True
         self._blocking = blocking
+        self._waited = WaitedReads()
         self._waking: asyncio.Event | None = None
         self._woken = False
         self._families = tuple(families)
@@ -59,12 +62,10 @@ class InMemoryEventSource(EventSource):
                 broken[stream] = PermanentError(stream, f"XGROUP CREATE: {error}")
         return broken
 
-    @property
-    def can_block(self) -> bool:
-        return self._blocking
-
     async def interrupt(self) -> None:
-        if self._waking is not None:
+        if not self._blocking:
+            self._waited.interrupt()
+        elif self._waking is not None:
             self._waking.set()
         else:
             self._woken = True
@@ -78,8 +79,16 @@ class InMemoryEventSource(EventSource):
         block_ms: int = 0,
         look_behind: bool = True,
     ) -> ReadBatch:
+        if not self._blocking:
+
+            async def read_now(acks: Sequence[Delivery]) -> ReadBatch:
+                return self._read_now(after, count, acks, look_behind)
+
+            if block_ms > 0 and after:
+                return await self._waited.read(after, block_ms, acks, read_now, self._wait_for_new)
+            return self._waited.note(await read_now(acks))
         read = self._read_now(after, count, acks, look_behind)
-        if not (block_ms > 0 and self._blocking):
+        if block_ms <= 0:
             return read
         woken, self._woken = self._woken, False
         if woken or read.deliveries or read.gaps or not read.marks:
@@ -149,20 +158,20 @@ class InMemoryEventSource(EventSource):
             {} if look_behind else read_starts(self._consumer, reading, deliveries),
         )
 
-    async def wait_for_new(
-        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> dict[str, str]:
+    async def _wait_for_new(
+        self, marks: Mapping[str, str], block_ms: int, acks: Sequence[Delivery]
+    ) -> tuple[dict[str, str], dict[str, PermanentError]]:
+        """Acks, then once a shard has an entry after its mark, or after `block_ms`: the last
+        entry of each such shard, and the shards whose ack was refused for good."""
         self._check()
         refused = self._ack_each(acks)
-        if refused:
-            raise next(iter(refused.values()))
         await self.streams.wait_for_entries(marks, block_ms / 1000)
         seen = {s: self.streams.last_id(s) for s in marks}
         return {
             s: last
             for s, last in seen.items()
             if StreamEntryId.parse(last) > StreamEntryId.parse(marks[s])
-        }
+        }, refused
 
     async def claim(
         self, stream: str, *, token: int, cursor: str, min_idle_ms: int, count: int

@@ -17,6 +17,7 @@ from eco_router.adapters.redis.round_trips import HeldConnection, round_trips
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.redis.slots import by_slot, on_node_of
 from eco_router.adapters.redis.unblocker import Unblocker
+from eco_router.adapters.waited_reads import WaitedReads
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.messages import (
     ClaimPage,
@@ -46,7 +47,7 @@ class RedisStreamEventSource(EventSource):
     comes (XREADGROUP BLOCK), woken by `interrupt` with CLIENT UNBLOCK from another
     connection: the read returns normally, nothing it took is lost. Without one (a Redis
     Cluster, whose slots one connection cannot read), or where the server refuses CLIENT
-    UNBLOCK, reads do not block and `wait_for_new` waits instead.
+    UNBLOCK, a blocking read waits for appends with XREAD BLOCK instead (`WaitedReads`).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class RedisStreamEventSource(EventSource):
         self._reader_trips = (
             HeldConnection(reader.client) if reader is not None and reader.client else None
         )
+        self._waited = WaitedReads()
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:
@@ -79,11 +81,15 @@ class RedisStreamEventSource(EventSource):
 
     @property
     def can_block(self) -> bool:
+        """Whether reads block on the server (else they wait for appends)."""
         return self._unblocker is not None and self._unblocker.usable
 
     async def interrupt(self) -> None:
-        if self._unblocker is not None:
+        if self.can_block:
+            assert self._unblocker is not None
             await self._unblocker.wake()
+        else:
+            self._waited.interrupt()
 
     async def prepare(self, streams: Collection[str] | None = None) -> dict[str, PermanentError]:
         broken, _ = await self._create_groups(dict.fromkeys(streams or self._family_of, "0"))
@@ -125,7 +131,13 @@ class RedisStreamEventSource(EventSource):
             # finds out which shard and what to do; the acks were sent already.
             read = await self._read_now(after, count, (), look_behind)
             return dataclasses.replace(read, broken={**refused, **read.broken})
-        return await self._read_now(after, count, acks, look_behind)
+
+        async def read_now(acks: Sequence[Delivery]) -> ReadBatch:
+            return await self._read_now(after, count, acks, look_behind)
+
+        if after and block_ms > 0:
+            return await self._waited.read(after, block_ms, acks, read_now, self._wait_for_new)
+        return self._waited.note(await read_now(acks))
 
     async def _read_blocking(
         self,
@@ -331,18 +343,22 @@ class RedisStreamEventSource(EventSource):
             pipe.xack(stream, self._group, *entry_ids)
         return list(ids)
 
-    async def wait_for_new(
-        self, marks: Mapping[str, str], *, block_ms: int, acks: Sequence[Delivery] = ()
-    ) -> dict[str, str]:
+    async def _wait_for_new(
+        self, marks: Mapping[str, str], block_ms: int, acks: Sequence[Delivery]
+    ) -> tuple[dict[str, str], dict[str, PermanentError]]:
+        """Once a shard has an entry after its mark, or after `block_ms`: per shard, the last
+        entry seen after its mark; `acks` first, in the same round trip where one node has
+        every shard. Also the shards whose ack was refused for good."""
         slots = by_slot(marks)
-        if not marks or len(slots) > 1:
-            # On a cluster the acks and the waits go to different nodes.
-            await self.ack(acks)
-            acks = ()
-        if not marks:
-            return {}
-        seen: dict[str, str] = {}
         refused: dict[str, PermanentError] = {}
+        if len(slots) > 1:
+            # On a cluster the acks and the waits go to different nodes.
+            try:
+                await self.ack(acks)
+            except PermanentError as error:
+                refused[error.key] = error
+            acks = ()
+        seen: dict[str, str] = {}
         try:
             with redis_errors("XREAD"):
                 if len(slots) == 1:
@@ -352,9 +368,7 @@ class RedisStreamEventSource(EventSource):
         except PermanentError:
             # A shard refused for good: the read that follows tells which one.
             pass
-        if refused:
-            raise next(iter(refused.values()))
-        return seen
+        return seen, refused
 
     async def _wait(
         self, marks: Mapping[str, str], block_ms: int, acks: Sequence[Delivery] = ()
