@@ -41,8 +41,8 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
 
     from bench.backlog import FAMILY, GROUP, make_workload
     from eco_router.adapters.json_codec import OrjsonEventEncoder
-    from eco_router.adapters.redis.state_store import RedisLuaStateStore
-    from eco_router.application.messages import EncodedEvent
+    from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
+    from eco_router.application.port_values import EncodedEvent
     from eco_router.domain.event import JobEvent
     from eco_router.domain.parsing import parse_entry
     from eco_router.domain.verdict import in_judging_order

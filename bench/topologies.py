@@ -19,7 +19,7 @@ import redis
 import redis.cluster
 
 from bench.backlog import FAMILY, Client
-from eco_router.adapters.redis.connection import sync_redis_client
+from eco_router.adapters.redis.connections.connection import sync_redis_client
 from eco_router.domain.streams import StreamFamily
 from eco_router.testing import ClusterGroup, RedisServer, SentinelGroup
 

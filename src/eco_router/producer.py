@@ -55,11 +55,11 @@ from eco_router.adapters.progress_entries import (
     DEFAULT_MAXLEN,
     ProducerConfig,
 )
-from eco_router.adapters.redis.connection import async_redis_client, sync_redis_client
-from eco_router.adapters.redis.publisher import AsyncStreamPublisher, StreamPublisher
-from eco_router.adapters.redis.publisher_cache import PublisherCache
-from eco_router.adapters.redis.replica_wait import ReplicasBehind
-from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
+from eco_router.adapters.redis.connections.connection import async_redis_client, sync_redis_client
+from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind
+from eco_router.adapters.redis.connections.topology import ClusterSeeds, parse_redis_url
+from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher, StreamPublisher
+from eco_router.adapters.redis.producer.publisher_cache import PublisherCache
 from eco_router.domain.control import ControlKind, ControlMessage, ControlState
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.event_size import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
-from eco_router.application.messages import EncodedEvent, FeedClosed, FeedGap
+from eco_router.application.port_values import EncodedEvent, FeedClosed, FeedGap
 from eco_router.application.ports import Broadcaster, EventFeed, FeedSubscription, GatewayMetrics
 from eco_router.domain.sse import GatewayEvent
 from tests.contracts.factories import ContractFamilies, entry_id, wait_until

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 
 from eco_router.application.errors import PermanentError, TransientError
-from eco_router.application.messages import Delivery, ShardStats
+from eco_router.application.port_values import Delivery, ShardStats
 from eco_router.application.ports import EventSource
 from tests.contracts.factories import GROUP, ContractFamilies
 

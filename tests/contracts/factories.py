@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from eco_router.adapters.json_codec import OrjsonEventEncoder
-from eco_router.application.messages import DeadLetter, Delivery, EncodedEvent
+from eco_router.application.port_values import DeadLetter, Delivery, EncodedEvent
 from eco_router.domain.event import JobEvent
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily

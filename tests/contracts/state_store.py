@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
+from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun, stamped
 from eco_router.domain.verdict import (

@@ -10,7 +10,7 @@ import tomllib
 import pytest
 from fastapi.routing import APIRoute
 
-from eco_router.adapters.redis.topology import SentinelGroup, parse_redis_url
+from eco_router.adapters.redis.connections.topology import SentinelGroup, parse_redis_url
 from eco_router.entrypoints.cli import _parser
 from eco_router.entrypoints.http import ops_routes, sse_routes
 from eco_router.entrypoints.http.server_config import server_config

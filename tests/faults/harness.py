@@ -33,13 +33,13 @@ from redis.exceptions import RedisError
 from eco_router.adapters.dead_letter_format import read_dead_letter
 from eco_router.adapters.json_codec import OrjsonEventEncoder
 from eco_router.adapters.progress_entries import PreparedEntry
-from eco_router.adapters.redis.connection import RedisClient, redis_client
+from eco_router.adapters.redis.connections.connection import RedisClient, redis_client
+from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind, ReplicaWait
+from eco_router.adapters.redis.connections.topology import Standalone, parse_redis_url
 from eco_router.adapters.redis.errors import CLOSED_ERRORS, closed_under_command
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
-from eco_router.adapters.redis.publisher import script_arguments
-from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
+from eco_router.adapters.redis.producer.publisher import script_arguments
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.topology import Standalone, parse_redis_url
 from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS

@@ -103,8 +103,8 @@ from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PublishFailed, TransientError
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.keep_leases import KeepLeases
-from eco_router.application.messages import EncodedEvent, ReadBatch
 from eco_router.application.observe_shards import ObserveShards
+from eco_router.application.port_values import EncodedEvent, ReadBatch
 from eco_router.application.ports import (
     Broadcaster,
     DeadLetterSink,

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.connection import open_pinned_reader, open_redis
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.connections.connection import open_pinned_reader, open_redis
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
 from eco_router.application.errors import PermanentError
 from eco_router.domain.streams import StreamFamily
 from eco_router.testing import RedisServer

@@ -16,7 +16,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from eco_router import __version__
-from eco_router.adapters.redis.lease_store import RedisLeaseStore
+from eco_router.adapters.redis.router.lease_store import RedisLeaseStore
 from eco_router.producer import AsyncStreamPublisher, producer_config
 from eco_router.testing import RedisServer
 from tests.integration.support import (

@@ -14,11 +14,11 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
-from eco_router.adapters.redis.broadcaster import RedisShardedPubSubBroadcaster
-from eco_router.adapters.redis.connection import open_redis
-from eco_router.adapters.redis.sharded_event_feed import RedisShardedPubSubEventFeed
+from eco_router.adapters.redis.connections.connection import open_redis
+from eco_router.adapters.redis.gateway.sharded_event_feed import RedisShardedPubSubEventFeed
+from eco_router.adapters.redis.router.broadcaster import RedisShardedPubSubBroadcaster
 from eco_router.application.feed_health import FeedHealth
-from eco_router.application.messages import FeedGap
+from eco_router.application.port_values import FeedGap
 from eco_router.application.ports import Broadcaster, EventFeed, GatewayMetrics
 from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import key_slot

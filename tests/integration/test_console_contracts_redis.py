@@ -7,12 +7,12 @@ from collections.abc import Mapping
 import pytest
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.dead_letters import (
+from eco_router.adapters.redis.router.dead_letters import (
     RedisDeadLetterArchive,
     RedisStreamDeadLetterSink,
 )
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
-from eco_router.adapters.redis.shard_progress import RedisShardProgress
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.shard_progress import RedisShardProgress
 from eco_router.application.ports import (
     DeadLetterArchive,
     DeadLetterSink,

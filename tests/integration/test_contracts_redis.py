@@ -14,15 +14,15 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
-from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
-from eco_router.adapters.redis.connection import open_pinned_reader
+from eco_router.adapters.redis.connections.connection import open_pinned_reader
 from eco_router.adapters.redis.control_store import ControlKeys, RedisControlStore, record_arguments
-from eco_router.adapters.redis.dead_letters import RedisStreamDeadLetterSink
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.keys import DeadLetterKeys, GroupKeys, JobKeys
-from eco_router.adapters.redis.lease_store import RedisLeaseStore
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.redis.router.broadcaster import RedisPubSubBroadcaster
+from eco_router.adapters.redis.router.dead_letters import RedisStreamDeadLetterSink
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.lease_store import RedisLeaseStore
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.ports import (
     Broadcaster,

@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.connections.connection import open_redis
 from eco_router.testing import SentinelGroup
 from tests.integration.topology_fixtures import Shared
 

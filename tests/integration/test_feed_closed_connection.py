@@ -21,9 +21,9 @@ from redis.asyncio import Redis
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
-from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
-from eco_router.adapters.redis.connection import redis_client
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.connections.connection import redis_client
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.router.broadcaster import RedisPubSubBroadcaster
 from eco_router.application.errors import TransientError
 from eco_router.application.ports import FeedSubscription
 from eco_router.testing import RedisServer

@@ -16,9 +16,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
-from eco_router.adapters.redis.connection import RedisClient, open_redis
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
-from eco_router.adapters.redis.sharded_event_feed import RedisShardedPubSubEventFeed
+from eco_router.adapters.redis.connections.connection import RedisClient, open_redis
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.gateway.sharded_event_feed import RedisShardedPubSubEventFeed
 from eco_router.application.ports import EventFeed, FeedSubscription
 from eco_router.testing import ClusterGroup, RedisServer
 

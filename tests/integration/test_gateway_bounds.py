@@ -15,7 +15,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
 from eco_router.testing import RedisServer
 from tests.integration.served_gateway import ServedGateway, gateway_settings, served_gateway
 from tests.integration.sse_client import open_sse, sse_client

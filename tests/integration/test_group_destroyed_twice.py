@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
 from eco_router.application.errors import PermanentError
 from eco_router.domain.streams import StreamFamily
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
 from eco_router.domain.streams import StreamFamily
 
 FAMILY = StreamFamily("scan:events", 2)

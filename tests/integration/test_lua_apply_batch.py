@@ -9,9 +9,9 @@ import pytest
 from redis.asyncio import Redis
 
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
-from eco_router.application.messages import Applied, EncodedEvent, ReadStart
+from eco_router.application.port_values import Applied, EncodedEvent, ReadStart
 from eco_router.domain.text import stamp, stamped
 from eco_router.domain.verdict import (
     DUPLICATE,

@@ -8,8 +8,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from eco_router.adapters.redis.gateway.presence_board import RedisPresenceBoard
 from eco_router.adapters.redis.keys import PresenceKeys
-from eco_router.adapters.redis.presence_board import RedisPresenceBoard
 from eco_router.application.ports import PresenceBoard
 from tests.contracts.presence_board import TTL_S, PresenceBoardContract
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.connection import async_redis_client
+from eco_router.adapters.redis.connections.connection import async_redis_client
 from eco_router.producer import (
     AsyncStreamPublisher,
     InvalidProgressEvent,

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
 from eco_router.testing import RedisServer
 from tests.integration.support import (
     FAMILIES,

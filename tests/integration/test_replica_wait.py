@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.adapters.redis.connections.connection import RedisClient, async_redis_client
+from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.control_store import RedisControlStore
-from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.domain.control import ControlKind, Recorded, control_request
 from eco_router.domain.streams import StreamFamily

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.adapters.redis.connection import redis_client
-from eco_router.adapters.redis.round_trips import HeldConnection
+from eco_router.adapters.redis.connections.connection import redis_client
+from eco_router.adapters.redis.connections.round_trips import HeldConnection
 from eco_router.testing import RedisServer
 from eco_router.testing.topologies import SentinelGroup
 

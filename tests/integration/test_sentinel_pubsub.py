@@ -12,11 +12,11 @@ from redis.asyncio.client import PubSub
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
-from eco_router.adapters.redis.broadcaster import RedisPubSubBroadcaster
-from eco_router.adapters.redis.connection import open_redis
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.connections.connection import open_redis
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.router.broadcaster import RedisPubSubBroadcaster
 from eco_router.application.feed_health import FeedHealth
-from eco_router.application.messages import FeedGap
+from eco_router.application.port_values import FeedGap
 from eco_router.testing import SentinelGroup
 from tests.contracts.factories import encoded, entry_id
 

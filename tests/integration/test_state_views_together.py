@@ -9,9 +9,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from eco_router.adapters.redis.keys import JobKeys
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.application.errors import PermanentError
-from eco_router.application.messages import JobView
+from eco_router.application.port_values import JobView
 from eco_router.domain.streams import StreamFamily
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.adapters.redis.connections.connection import RedisClient, async_redis_client
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import AsyncStreamPublisher, connect_async, producer_config
 from eco_router.testing import ClusterGroup, SentinelGroup

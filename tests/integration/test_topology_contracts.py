@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from eco_router.adapters.redis.connection import RedisClient, async_redis_client
+from eco_router.adapters.redis.connections.connection import RedisClient, async_redis_client
 from eco_router.testing import ClusterGroup, SentinelGroup
 from tests.contracts.factories import FAMILIES, TAGGED_FAMILIES
 

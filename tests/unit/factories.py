@@ -23,8 +23,8 @@ from eco_router.application.backoff import Backoff
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.keep_leases import KeepLeases
-from eco_router.application.messages import Delivery
 from eco_router.application.observe_shards import ObserveShards
+from eco_router.application.port_values import Delivery
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.route_batch import RouteBatch, RouteResult
 from eco_router.application.router_service import RouterService

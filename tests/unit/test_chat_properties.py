@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import Delivery, EncodedEvent
+from eco_router.application.port_values import Delivery, EncodedEvent
 from eco_router.application.ports import FrameWriter
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stream_job_events import JobStream

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import EncodedEvent
+from eco_router.application.port_values import EncodedEvent
 from eco_router.domain.verdict import Verdict
 from tests.unit.test_stream_job_events import Gateway, Viewer, eventually
 

@@ -35,11 +35,11 @@ NOT_FOR_SETTINGS = (
 # Values of the ports `publish` does not use (reading, leases, state, dead letters) and the
 # adapters behind them.
 NOT_FOR_PUBLISH = (
-    "eco_router.application.messages",
+    "eco_router.application.port_values",
     "eco_router.domain.verdict",
-    "eco_router.adapters.redis.state_store",
-    "eco_router.adapters.redis.event_source",
-    "eco_router.adapters.redis.lease_store",
+    "eco_router.adapters.redis.router.state_store",
+    "eco_router.adapters.redis.router.event_source",
+    "eco_router.adapters.redis.router.lease_store",
 )
 PUBLISH = ("publish", "--job", "j", "--stage", "vision", "--status", "started")
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.exceptions import DataError
 
-from eco_router.adapters.redis.command_packing import pack_commands_with_hiredis
+from eco_router.adapters.redis.connections.command_packing import pack_commands_with_hiredis
 
 # redis-py's own packing, whether or not an earlier test turned hiredis packing on.
 PYTHON_PACKING = getattr(

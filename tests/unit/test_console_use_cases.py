@@ -18,7 +18,7 @@ from eco_router.application.console_snapshot import ConsoleSnapshot, ReadConsole
 from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDeadLetters
 from eco_router.application.domains import UnknownDomain
 from eco_router.application.job_lookup import LookUpJob
-from eco_router.application.messages import DeadLetter, Delivery
+from eco_router.application.port_values import DeadLetter, Delivery
 from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily

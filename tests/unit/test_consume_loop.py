@@ -13,7 +13,7 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.held_shards import HeldShards, Phase
-from eco_router.application.messages import (
+from eco_router.application.port_values import (
     Applied,
     ClaimPage,
     Delivery,

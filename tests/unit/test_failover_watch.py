@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eco_router.adapters.redis.failover_watch import (
+from eco_router.adapters.redis.connections.failover_watch import (
     ABORTED,
     PROMOTING,
     SWITCHED,

@@ -11,7 +11,7 @@ import pytest
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.consume_loop import ConsumeLoop
 from eco_router.application.errors import PermanentError, TransientError
-from eco_router.application.messages import Applied, EncodedEvent, ReadStart
+from eco_router.application.port_values import Applied, EncodedEvent, ReadStart
 from eco_router.application.router_health import RouterHealth
 from tests.unit.factories import GROUP, Harness, eventually
 

@@ -12,7 +12,7 @@ from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Applied, ClaimPage, EncodedEvent, ReadStart
+from eco_router.application.port_values import Applied, ClaimPage, EncodedEvent, ReadStart
 from eco_router.application.reclaim_pending import ReclaimPending
 from eco_router.application.router_health import RouterHealth
 from tests.unit.factories import CHANNEL_PREFIX, FAMILY, GROUP, Harness, eventually

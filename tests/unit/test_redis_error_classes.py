@@ -19,7 +19,7 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.adapters.redis.closed_writes import translate_closed_writes
+from eco_router.adapters.redis.connections.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.errors import (
     TRANSIENT_CODES,
     is_transient,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eco_router.adapters.redis.topology import (
+from eco_router.adapters.redis.connections.topology import (
     ClusterSeeds,
     Credentials,
     SentinelGroup,

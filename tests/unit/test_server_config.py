@@ -9,10 +9,6 @@ import resource
 import pytest
 from fastapi import FastAPI
 
-from eco_router.entrypoints.http.protocols import (
-    HeaderTimeoutProtocol,
-    HttpToolsHeaderTimeoutProtocol,
-)
 from eco_router.entrypoints.http.request_limits import RequestLimits
 from eco_router.entrypoints.http.server_config import (
     MIN_REFUSED,
@@ -21,6 +17,10 @@ from eco_router.entrypoints.http.server_config import (
     connection_limits,
     files_needed,
     server_config,
+)
+from eco_router.entrypoints.http.uvicorn_protocols import (
+    HeaderTimeoutProtocol,
+    HttpToolsHeaderTimeoutProtocol,
 )
 from eco_router.entrypoints.settings import ConfigError, load_settings
 

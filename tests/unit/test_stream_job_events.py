@@ -18,7 +18,7 @@ from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import EncodedEvent, FeedGap
+from eco_router.application.port_values import EncodedEvent, FeedGap
 from eco_router.application.ports import EventFeed, FeedSubscription, FrameWriter
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES

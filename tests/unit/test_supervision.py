@@ -10,8 +10,8 @@ import pytest
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.backoff import Backoff
 from eco_router.application.check_readiness import CheckReadiness
-from eco_router.application.messages import ShardStats
 from eco_router.application.observe_shards import ObserveShards
+from eco_router.application.port_values import ShardStats
 from eco_router.application.router_health import RouterHealth
 from eco_router.application.router_service import RouterService
 from eco_router.application.supervision import TaskKeptFailing

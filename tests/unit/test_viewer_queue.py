@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from eco_router.adapters.feed_queue import ViewerQueue
-from eco_router.application.messages import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap
 from eco_router.domain.sse import GatewayEvent
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from eco_router.application.messages import DeadLetter, StoredDeadLetter
+from eco_router.application.port_values import DeadLetter, StoredDeadLetter
 
 # Readers import the stored form from here, beside the format that produces it.
 __all__ = ["FIELD_PREFIX", "StoredDeadLetter", "dead_letter_fields", "read_dead_letter"]

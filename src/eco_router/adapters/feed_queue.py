@@ -7,7 +7,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
-from eco_router.application.messages import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap
 from eco_router.domain.sse import GatewayEvent
 
 SLOW_CLIENT = "slow_client"

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from eco_router.application.errors import PermanentError
-from eco_router.application.messages import Delivery, ReadBatch
+from eco_router.application.port_values import Delivery, ReadBatch
 from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.event import StreamEntryId
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from eco_router.application.messages import ShardCounters
+from eco_router.application.port_values import ShardCounters
 from eco_router.application.ports import DeadLetterArchive, EventSource, LeaseStore, ShardProgress
 from eco_router.domain.streams import StreamFamily
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eco_router.application.domains import family_named
-from eco_router.application.messages import StoredDeadLetter
+from eco_router.application.port_values import StoredDeadLetter
 from eco_router.application.ports import DeadLetterArchive
 from eco_router.domain.streams import StreamFamily
 

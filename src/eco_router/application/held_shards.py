@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from eco_router.application.messages import Delivery
+from eco_router.application.port_values import Delivery
 from eco_router.domain.read_plan import Phase, Shard
 
 __all__ = ["HeldShard", "HeldShards", "Phase", "streams_of"]

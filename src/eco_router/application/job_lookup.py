@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from eco_router.application.domains import family_named
-from eco_router.application.messages import JobView
+from eco_router.application.port_values import JobView
 from eco_router.application.ports import ControlStore, StateStore
 from eco_router.domain.control import ControlMessage
 from eco_router.domain.parsing import JOB_ID_PATTERN

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from eco_router.application.errors import TransientError
 from eco_router.application.held_shards import HeldShards, Phase
-from eco_router.application.messages import GroupView
+from eco_router.application.port_values import GroupView
 from eco_router.application.ports import Clock, LeaseStore, RouterMetrics
 from eco_router.application.router_health import RouterHealth
 from eco_router.domain.ownership import moves_for

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Callable, Collection, Iterable, Mapping, Sequence
 
     from eco_router.application.errors import PermanentError
-    from eco_router.application.messages import (
+    from eco_router.application.port_values import (
         Applied,
         ClaimPage,
         DeadLetter,

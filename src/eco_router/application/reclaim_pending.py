@@ -8,7 +8,7 @@ import logging
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import PermanentError, TransientError
 from eco_router.application.held_shards import HeldShards, Phase, streams_of
-from eco_router.application.messages import Delivery
+from eco_router.application.port_values import Delivery
 from eco_router.application.ports import Broadcaster, Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from eco_router.application.dead_letter_listing import DeadLetterFilter
 from eco_router.application.domains import family_named
-from eco_router.application.messages import Replayed
+from eco_router.application.port_values import Replayed
 from eco_router.application.ports import DeadLetterArchive
 from eco_router.domain.streams import StreamFamily
 

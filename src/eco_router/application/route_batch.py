@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import (
+from eco_router.application.port_values import (
     Applied,
     DeadLetter,
     Delivery,

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap
 from eco_router.application.ports import (
     Clock,
     EventDecoder,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from eco_router.application.errors import PermanentError
 from eco_router.application.held_shards import HeldShards, streams_of
-from eco_router.application.messages import Delivery
+from eco_router.application.port_values import Delivery
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.router_health import RouterHealth
 from eco_router.domain.event import StreamEntryId

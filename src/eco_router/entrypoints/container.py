@@ -22,19 +22,19 @@ from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetr
 from eco_router.adapters.prometheus.health_metrics import PrometheusHealthMetrics
 from eco_router.adapters.prometheus.readiness_metrics import PrometheusReadinessMetrics
 from eco_router.adapters.prometheus.router_metrics import PrometheusRouterMetrics
-from eco_router.adapters.redis.connection import open_pinned_reader, open_redis
+from eco_router.adapters.redis.connections.connection import open_pinned_reader, open_redis
+from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
 from eco_router.adapters.redis.control_store import RedisControlStore
-from eco_router.adapters.redis.dead_letters import (
+from eco_router.adapters.redis.gateway.presence_board import RedisPresenceBoard
+from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher
+from eco_router.adapters.redis.router.dead_letters import (
     RedisDeadLetterArchive,
     RedisStreamDeadLetterSink,
 )
-from eco_router.adapters.redis.event_source import RedisStreamEventSource
-from eco_router.adapters.redis.lease_store import RedisLeaseStore
-from eco_router.adapters.redis.presence_board import RedisPresenceBoard
-from eco_router.adapters.redis.publisher import AsyncStreamPublisher
-from eco_router.adapters.redis.replica_wait import ReplicaWait
-from eco_router.adapters.redis.shard_progress import RedisShardProgress
-from eco_router.adapters.redis.state_store import RedisLuaStateStore
+from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
+from eco_router.adapters.redis.router.lease_store import RedisLeaseStore
+from eco_router.adapters.redis.router.shard_progress import RedisShardProgress
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.check_readiness import CheckReadiness
 from eco_router.application.console_snapshot import ReadConsoleSnapshot

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from eco_router.adapters.redis.server_process import (
+from eco_router.adapters.redis.connections.server_process import (
     LOOPBACK,
     answers_as,
     find_binary,

@@ -12,13 +12,13 @@ from redis.asyncio.cluster import RedisCluster
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.adapters.progress_entries import ProducerConfig
-from eco_router.adapters.redis.broadcaster import (
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
+from eco_router.adapters.redis.gateway.sharded_event_feed import RedisShardedPubSubEventFeed
+from eco_router.adapters.redis.router.broadcaster import (
     RedisPubSubBroadcaster,
     RedisShardedPubSubBroadcaster,
 )
-from eco_router.adapters.redis.connection import RedisClient
-from eco_router.adapters.redis.event_feed import RedisPubSubEventFeed
-from eco_router.adapters.redis.sharded_event_feed import RedisShardedPubSubEventFeed
 from eco_router.application.feed_health import FeedHealth
 from eco_router.application.ports import (
     AdminAuthorizer,

@@ -23,9 +23,9 @@ from eco_router.entrypoints.terminal_text import plural, printable
 # milliseconds of start-up, which every command would otherwise pay for all of them.
 if TYPE_CHECKING:
     from eco_router.adapters.progress_entries import ProducerConfig
-    from eco_router.adapters.redis.connection import RedisClient
+    from eco_router.adapters.redis.connections.connection import RedisClient
     from eco_router.application.demo_jobs import DemoTally
-    from eco_router.application.messages import GroupView, ShardStats
+    from eco_router.application.port_values import GroupView, ShardStats
     from eco_router.entrypoints.settings import Settings
 
 
@@ -74,7 +74,7 @@ async def streams_client(settings: Settings) -> AsyncIterator[RedisClient]:
     `worker` and `serve` stop with (same line, same exit status)."""
     from redis.exceptions import RedisError
 
-    from eco_router.adapters.redis.connection import open_redis
+    from eco_router.adapters.redis.connections.connection import open_redis
     from eco_router.entrypoints.startup_checks import connection_failure
 
     url = settings.redis_streams_url
@@ -111,7 +111,7 @@ async def publish(
             raise UsageError(f"--result is not JSON: {error}") from error
     # Validate before connecting: bad input never reaches Redis.
     config.call(job, stage, status, result=decoded, progress=progress, seq=seq)
-    from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+    from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher
 
     async with streams_client(settings) as client:
         publisher = AsyncStreamPublisher(client, config)
@@ -133,7 +133,7 @@ async def demo(
     stages: str | None,
     out: TextIO,
 ) -> int:
-    from eco_router.adapters.redis.publisher import AsyncStreamPublisher
+    from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher
     from eco_router.application.demo_jobs import RunDemoJobs
 
     config = producer_config(settings, domain, stages)
@@ -201,7 +201,7 @@ async def state(
 ) -> int:
     import orjson
 
-    from eco_router.adapters.redis.state_store import RedisLuaStateStore
+    from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 
     family_for(settings, domain)
     async with streams_client(settings) as client:
@@ -234,7 +234,7 @@ async def state(
 async def dlq_list(
     settings: Settings, server: Server, *, domain: str, count: int, out: TextIO
 ) -> int:
-    from eco_router.adapters.redis.dead_letters import RedisDeadLetterArchive
+    from eco_router.adapters.redis.router.dead_letters import RedisDeadLetterArchive
 
     family = family_for(settings, domain)
     async with streams_client(settings) as client:
@@ -273,7 +273,10 @@ async def dlq_replay(
     """Replay dead letters; when an id is not found, say so for each and replay nothing."""
     if replay_all == bool(ids):
         raise UsageError("give dead-letter ids or --all, not both and not neither")
-    from eco_router.adapters.redis.dead_letters import MissingDeadLetters, RedisDeadLetterArchive
+    from eco_router.adapters.redis.router.dead_letters import (
+        MissingDeadLetters,
+        RedisDeadLetterArchive,
+    )
 
     family = family_for(settings, domain)
     async with streams_client(settings) as client:
@@ -298,9 +301,9 @@ async def dlq_replay(
 
 async def status(settings: Settings, server: Server, *, as_json: bool, out: TextIO) -> int:
     """The live routers and, per shard, its holder, lease and the group's lag and pending."""
-    from eco_router.adapters.redis.event_source import RedisStreamEventSource
-    from eco_router.adapters.redis.lease_store import RedisLeaseStore
-    from eco_router.adapters.redis.slots import nodes_of
+    from eco_router.adapters.redis.connections.slots import nodes_of
+    from eco_router.adapters.redis.router.event_source import RedisStreamEventSource
+    from eco_router.adapters.redis.router.lease_store import RedisLeaseStore
 
     async with streams_client(settings) as client:
         leases = RedisLeaseStore(

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from types import TracebackType
 
-from eco_router.adapters.redis.slots import nodes_of
+from eco_router.adapters.redis.connections.slots import nodes_of
 from eco_router.application.router_service import RouterService
 from eco_router.application.supervision import TaskKeptFailing
 from eco_router.entrypoints.container import Container

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from eco_router.adapters.jwt_secret import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
-from eco_router.adapters.redis.topology import ClusterSeeds, parse_redis_url
+from eco_router.adapters.redis.connections.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
     DEFAULT_MAX_EVENT_BYTES,

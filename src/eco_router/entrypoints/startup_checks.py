@@ -11,7 +11,7 @@ from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, R
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eco_router.adapters.redaction import redact_url
-from eco_router.adapters.redis.connection import open_redis
+from eco_router.adapters.redis.connections.connection import open_redis
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.settings import Settings
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from eco_router.application.errors import PublishFailed, TransientError
-from eco_router.application.messages import EncodedEvent
+from eco_router.application.port_values import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from eco_router.adapters.dead_letter_format import read_dead_letter
 from eco_router.adapters.memory.streams import InMemoryStreams
-from eco_router.application.messages import DeadLetterTally, Replayed, StoredDeadLetter
+from eco_router.application.port_values import DeadLetterTally, Replayed, StoredDeadLetter
 from eco_router.application.ports import DeadLetterArchive
 from eco_router.domain.streams import StreamFamily
 

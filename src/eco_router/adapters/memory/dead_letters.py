@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from eco_router.adapters.dead_letter_format import dead_letter_fields
 from eco_router.adapters.memory.streams import InMemoryStreams
-from eco_router.application.messages import DeadLetter
+from eco_router.application.port_values import DeadLetter
 from eco_router.application.ports import DeadLetterSink
 
 

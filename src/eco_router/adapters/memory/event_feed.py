@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
-from eco_router.application.messages import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap
 from eco_router.application.ports import (
     EventDecoder,
     EventFeed,

@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
 from eco_router.adapters.waited_reads import WaitedReads
 from eco_router.application.errors import PermanentError, TransientError
-from eco_router.application.messages import (
+from eco_router.application.port_values import (
     ClaimPage,
     Delivery,
     ReadBatch,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import GroupView
+from eco_router.application.port_values import GroupView
 from eco_router.application.ports import Clock, LeaseStore
 from eco_router.domain.ownership import Lease
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from eco_router.application.messages import ShardStats
+from eco_router.application.port_values import ShardStats
 from eco_router.application.ports import RouterMetrics
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.verdict import Verdict

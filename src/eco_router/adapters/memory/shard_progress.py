@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
-from eco_router.application.messages import ShardCounters
+from eco_router.application.port_values import ShardCounters
 from eco_router.application.ports import ShardProgress
 from eco_router.domain.event import StreamEntryId
 from eco_router.domain.streams import StreamFamily

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
+from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import Clock, StateStore
 from eco_router.domain.control import lifecycle_event_id
 from eco_router.domain.event import JobEvent

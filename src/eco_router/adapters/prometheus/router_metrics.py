@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from eco_router.application.messages import ShardStats
+from eco_router.application.port_values import ShardStats
 from eco_router.application.ports import HealthMetrics, RouterMetrics
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.verdict import Verdict

@@ -9,10 +9,10 @@ from typing import Any
 
 import redis
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import JobKeys
-from eco_router.adapters.redis.replica_wait import ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.control_inbox import WAIT_SLICE_S
 from eco_router.application.ports import Clock, ControlStore

@@ -28,7 +28,7 @@ from eco_router.application.console_snapshot import ReadConsoleSnapshot
 from eco_router.application.dead_letter_listing import DeadLetterFilter, ListDeadLetters
 from eco_router.application.errors import Forbidden, TransientError, Unauthorized
 from eco_router.application.job_lookup import ListJobControls, LookUpJob
-from eco_router.application.messages import StoredDeadLetter
+from eco_router.application.port_values import StoredDeadLetter
 from eco_router.application.ports import AdminAuthorizer
 from eco_router.application.presence import CountJobViewers, JobViewers
 from eco_router.application.replay_dead_letters import ReplayDeadLetters, SelectionChanged

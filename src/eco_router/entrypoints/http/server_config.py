@@ -12,9 +12,9 @@ import uvicorn
 from eco_router.entrypoints.event_loop import uvicorn_loop
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites
 from eco_router.entrypoints.http.parser_choice import HttpParserChoice
-from eco_router.entrypoints.http.protocols import http_protocol
 from eco_router.entrypoints.http.request_bounds import ClientConnections, TrustedAddresses
 from eco_router.entrypoints.http.request_limits import RequestLimits
+from eco_router.entrypoints.http.uvicorn_protocols import http_protocol
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -6,14 +6,14 @@ import asyncio
 import functools
 from collections.abc import Mapping, Sequence
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
+from eco_router.adapters.redis.connections.round_trips import round_trips
+from eco_router.adapters.redis.connections.slots import by_slot, gather_all
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
-from eco_router.adapters.redis.replica_wait import ReplicaWait
-from eco_router.adapters.redis.round_trips import round_trips
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.slots import by_slot, gather_all
-from eco_router.application.messages import Applied, EncodedEvent, JobView, ReadStart
+from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.streams import StreamFamily

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.application.errors import TransientError
-from eco_router.application.messages import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap
 from eco_router.application.ports import EventDecoder, FeedSubscription, GatewayMetrics
 from eco_router.domain.sse import GatewayEvent
 

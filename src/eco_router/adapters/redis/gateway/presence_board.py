@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import PresenceKeys
 from eco_router.adapters.redis.scripts import load_lua

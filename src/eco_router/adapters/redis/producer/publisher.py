@@ -16,11 +16,11 @@ import redis.cluster
 from redis.exceptions import NoScriptError
 
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
-from eco_router.adapters.redis.closed_writes import translate_closed_writes
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.closed_writes import translate_closed_writes
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.control_store import RedisControlStore, SyncControlInbox
 from eco_router.adapters.redis.errors import is_transient
-from eco_router.adapters.redis.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.adapters.token_batches import (

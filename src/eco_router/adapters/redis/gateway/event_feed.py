@@ -8,8 +8,8 @@ import logging
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.channel_viewers import ChannelViewers, Viewer
 from eco_router.adapters.redis.errors import is_transient, port_error, redis_errors
+from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth

@@ -9,17 +9,17 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
-from eco_router.adapters.redis.connection import PinnedReader, RedisClient
+from eco_router.adapters.redis.connections.connection import PinnedReader, RedisClient
+from eco_router.adapters.redis.connections.round_trips import HeldConnection, round_trips
+from eco_router.adapters.redis.connections.slots import by_slot, on_node_of
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
-from eco_router.adapters.redis.look_behind import LookBehind
-from eco_router.adapters.redis.round_trips import HeldConnection, round_trips
+from eco_router.adapters.redis.router.look_behind import LookBehind
+from eco_router.adapters.redis.router.unblocker import Unblocker
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.slots import by_slot, on_node_of
-from eco_router.adapters.redis.unblocker import Unblocker
 from eco_router.adapters.waited_reads import WaitedReads
 from eco_router.application.errors import PermanentError, TransientError
-from eco_router.application.messages import (
+from eco_router.application.port_values import (
     ClaimPage,
     Delivery,
     ReadBatch,

@@ -8,7 +8,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.scripts import load_lua
 

@@ -18,15 +18,15 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 
-from eco_router.adapters.redis.closed_writes import translate_closed_writes
-from eco_router.adapters.redis.command_packing import pack_commands_with_hiredis
-from eco_router.adapters.redis.failover_watch import (
+from eco_router.adapters.redis.connections.closed_writes import translate_closed_writes
+from eco_router.adapters.redis.connections.command_packing import pack_commands_with_hiredis
+from eco_router.adapters.redis.connections.failover_watch import (
     WatchedSentinelConnection,
     WatchedSentinelPoolMixin,
     WatchedSentinelSSLConnection,
     watch_failovers,
 )
-from eco_router.adapters.redis.topology import (
+from eco_router.adapters.redis.connections.topology import (
     ClusterSeeds,
     Credentials,
     SentinelGroup,

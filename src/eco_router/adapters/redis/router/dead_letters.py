@@ -11,11 +11,11 @@ from eco_router.adapters.dead_letter_format import (
     dead_letter_fields,
     read_dead_letter,
 )
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import DeadLetterKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.messages import DeadLetter, DeadLetterTally, Replayed
+from eco_router.application.port_values import DeadLetter, DeadLetterTally, Replayed
 from eco_router.application.ports import DeadLetterArchive, DeadLetterSink
 from eco_router.domain.streams import StreamFamily
 

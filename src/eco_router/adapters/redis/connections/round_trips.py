@@ -15,7 +15,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
 
 Arguments = Sequence[str | int | bytes]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.slots import by_slot, gather_all
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import GroupKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.adapters.redis.slots import by_slot, gather_all
-from eco_router.application.messages import GroupView
+from eco_router.application.port_values import GroupView
 from eco_router.application.ports import LeaseStore
 from eco_router.domain.ownership import Lease
 from eco_router.domain.streams import StreamFamily

@@ -13,8 +13,8 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from eco_router.adapters.redis.channel_viewers import ChannelViewers, Viewer
 from eco_router.adapters.redis.errors import redis_errors
+from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import TransientError
 from eco_router.application.feed_health import FeedHealth

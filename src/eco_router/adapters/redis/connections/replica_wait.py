@@ -18,8 +18,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
-from eco_router.adapters.redis.connection import RedisClient
-from eco_router.adapters.redis.round_trips import PooledRoundTrips, RoundTrips
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.round_trips import PooledRoundTrips, RoundTrips
 from eco_router.application.errors import TransientError
 
 Arguments = Sequence[str | int | bytes]

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.round_trips import HeldConnection
 from eco_router.adapters.redis.errors import redis_errors
-from eco_router.adapters.redis.round_trips import HeldConnection
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.errors import PublishFailed
-from eco_router.application.messages import EncodedEvent
+from eco_router.application.port_values import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from redis.exceptions import ResponseError
 
-from eco_router.adapters.redis.connection import PinnedReader, RedisClient
+from eco_router.adapters.redis.connections.connection import PinnedReader, RedisClient
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.application.errors import PermanentError
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from eco_router.adapters.redis.connection import RedisClient
+from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.errors import redis_errors
-from eco_router.application.messages import ShardCounters
+from eco_router.application.port_values import ShardCounters
 from eco_router.application.ports import ShardProgress
 from eco_router.domain.streams import StreamFamily
 

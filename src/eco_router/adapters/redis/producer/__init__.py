@@ -1,0 +1,1 @@
+"""The producer's side: idempotent, sharded appends of progress events and tokens."""
