@@ -14,6 +14,7 @@ from eco_router.adapters.memory.control_store import InMemoryControlStore
 from eco_router.adapters.memory.dead_letters import InMemoryDeadLetterSink
 from eco_router.adapters.memory.event_feed import InMemoryEventFeed
 from eco_router.adapters.memory.event_source import InMemoryEventSource
+from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.leases import InMemoryLeaseStore, LeaseTable
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
@@ -148,6 +149,17 @@ class TestInMemoryEventFeed(EventFeedContract):
             broadcaster, decoder=OrjsonEventDecoder(), metrics=metrics, queue_size=queue_size
         )
         return feed, broadcaster
+
+    async def test_a_close_that_is_cancelled_ends_cancelled(self) -> None:
+        feed, _ = await self.make_feed(metrics=InMemoryGatewayMetrics())
+        subscription = await feed.subscribe("scan", "job-1")
+        closing = asyncio.create_task(subscription.close())
+        await asyncio.sleep(0)  # it now waits for its pump to end
+
+        closing.cancel()
+
+        with pytest.raises(asyncio.CancelledError):
+            await closing
 
 
 class TestInMemoryDeadLetterSink(DeadLetterSinkContract):

@@ -100,6 +100,8 @@ class TestErrors:
             ("EVENT_ROUTER_JWT_SECRET", "short-secret"),
             ("EVENT_ROUTER_JWT_SECRET", "x" * 31),
             ("EVENT_ROUTER_JWT_REQUIRE_EXP", "sometimes"),
+            ("EVENT_ROUTER_CHANNEL_PREFIX", "}sse:events"),
+            ("EVENT_ROUTER_CHANNEL_PREFIX", "{sse}:events"),
         ],
     )
     def test_an_invalid_value_is_refused_naming_the_variable(

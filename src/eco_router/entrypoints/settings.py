@@ -207,6 +207,15 @@ class Settings(BaseSettings):
             check_redis_url(value)
         return value
 
+    @field_validator("channel_prefix")
+    @classmethod
+    def _check_channel_prefix(cls, value: str) -> str:
+        # The prefix names the viewer counts' hash tag, and on sharded Pub/Sub a brace would
+        # pin every job's channel to one slot.
+        if "{" in value or "}" in value:
+            raise ValueError("must not contain { or }")
+        return value
+
     @field_validator("jwt_secret")
     @classmethod
     def _check_secret(cls, value: SecretStr | None) -> SecretStr | None:

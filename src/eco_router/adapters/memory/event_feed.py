@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from eco_router.adapters.feed_queue import ViewerQueue
@@ -15,6 +14,7 @@ from eco_router.application.ports import (
     FeedSubscription,
     GatewayMetrics,
 )
+from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.sse import GatewayEvent
 
 
@@ -58,9 +58,7 @@ class InMemoryFeedSubscription(FeedSubscription):
     async def close(self) -> None:
         self._open_viewers.discard(self._viewer)
         self._broadcaster.unsubscribe(self._channel, self._source)
-        self._pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._pump
+        await cancel_and_wait([self._pump])
 
 
 class InMemoryEventFeed(EventFeed):
