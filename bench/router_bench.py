@@ -60,7 +60,7 @@ from bench.backlog import (
     stream_of,
 )
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
-from bench.goals import goal_lines
+from bench.goals import SCRIPT_COMMANDS, goal_lines
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_probes import POLL_INTERVAL_S, command_usec, redis_cpu_seconds, watch_drain
@@ -88,8 +88,6 @@ ORDER_WAIT_SETTING = "EVENT_ROUTER_ORDER_WAIT_MS"
 # The columns that drain the smaller backlog and run the shorter paced run.
 SMALLER_RUNS = frozenset({"naive", "read_count_1"})
 
-# The commands the apply scripts call; commandstats counts them inside EVALSHA's time too.
-SCRIPT_COMMANDS = frozenset({"hmget", "hset", "rpush", "set", "ltrim", "expire"})
 
 # What a full run and a --quick one use for every option left unset.
 FULL = {

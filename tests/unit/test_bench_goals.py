@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.goals import Goal, goal_lines
+from bench.goals import Goal, command_gap, goal_lines
 from bench.router_bench import Latency, Report
 
 
@@ -77,3 +77,32 @@ def test_every_goal_reads_its_own_figure_of_the_run() -> None:
 def test_a_figure_the_run_did_not_measure_says_so() -> None:
     lines = goal_lines(_report({}, p99_1000=1.0, p99_5000=1.0))
     assert lines[0].endswith("not measured in this run")
+
+
+def test_the_gap_splits_the_script_into_its_commands_and_its_own_work() -> None:
+    mine = {"evalsha": 12.0, "rpush": 1.0, "set": 0.6, "xreadgroup": 1.3, "xpending": 0.4}
+    plain = {"evalsha": 6.0, "set": 0.7, "xreadgroup": 1.3}
+
+    why = command_gap(mine, plain)
+
+    # The server's time counts EVALSHA once with what it calls: 13.7 against 7.3.
+    assert why == (
+        "server time +6.40 us/event against the plain batch router: "
+        "the scripts' own work +5.10, rpush +1.00, xpending +0.40, set -0.10"
+    )
+
+
+def test_a_missed_streams_redis_goal_says_where_the_time_goes() -> None:
+    report = _report({"paced_1000_redis_cpu_leases_over_plain": 1.5}, p99_1000=1, p99_5000=1)
+    report.rates[1000]["leases"].redis_usec_per_event_by_command = {"evalsha": 20.0}
+    report.rates[1000]["plain_batch"] = _paced(1000, 1.0)
+    report.rates[1000]["plain_batch"].redis_usec_per_event_by_command = {"evalsha": 10.0}
+
+    lines = goal_lines(report)
+
+    missed = lines.index(next(line for line in lines if "missed by 36 %" in line))
+    assert lines[missed + 1] == (
+        "  why: server time +10.00 us/event against the plain batch router: "
+        "the scripts' own work +10.00"
+    )
+    assert sum(line.startswith("  why: ") for line in lines) == 1
