@@ -346,6 +346,8 @@ class TestSigningIn:
             page.goto("/console")
             expect(page.locator("#signin")).to_be_visible()
             expect(page.locator("#console")).to_be_hidden()
+            # No group is named before a snapshot says which.
+            expect(page.locator("header .group")).to_be_hidden()
 
             page.get_by_label("admin token").fill(_token(jobs=["*"]))
             page.get_by_role("button", name="Sign in").click()
@@ -358,6 +360,7 @@ class TestSigningIn:
             expect(page.locator(f'tr[data-stream="{SCAN.streams[0]}"] .holder')).to_have_text(
                 ROUTER
             )
+            expect(page.locator("header .group")).to_have_text("group eventrouter")
             # The live stream (an EventSource, which sends the cookie and no header) is let in.
             expect(page.locator("#live")).to_have_attribute("data-state", "live")
             (cookie,) = [c for c in context.cookies() if c["name"] == "eco_router_token"]
