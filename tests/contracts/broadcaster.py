@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from eco_router.application.errors import PublishFailed, TransientError
+from eco_router.application.errors import BroadcastFailed, TransientError
 from eco_router.application.ports import Broadcaster
 from tests.contracts.factories import ContractFamilies, entry_id
 
@@ -42,8 +42,8 @@ class BroadcasterContract(ContractFamilies):
         b1 = self.encoded(job_id="job-b", seq=1, stream_id=entry_id(4))
         b2 = self.encoded(job_id="job-b", seq=2, stream_id=entry_id(5))
 
-        await broadcaster.publish([a1, b1, a2, a3])
-        await broadcaster.publish([b2])
+        await broadcaster.broadcast([a1, b1, a2, a3])
+        await broadcaster.broadcast([b2])
 
         assert [await job_a() for _ in range(3)] == [a1.payload, a2.payload, a3.payload]
         assert [await job_b() for _ in range(2)] == [b1.payload, b2.payload]
@@ -53,7 +53,7 @@ class BroadcasterContract(ContractFamilies):
         receive = await self.subscribe(broadcaster, f"{PREFIX}:job-1")
         batch = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(2500)]
 
-        await broadcaster.publish(batch)
+        await broadcaster.broadcast(batch)
 
         assert [await receive() for _ in batch] == [item.payload for item in batch]
 
@@ -62,7 +62,7 @@ class BroadcasterContract(ContractFamilies):
         receive = await self.subscribe(broadcaster, f"{PREFIX}:job-1")
         event = self.encoded(job_id="job-1", stage="déjà vu ✓")
 
-        await broadcaster.publish([event])
+        await broadcaster.broadcast([event])
 
         assert await receive() == event.payload
 
@@ -82,5 +82,5 @@ class BroadcasterContract(ContractFamilies):
         broadcaster = await self.make_broadcaster()
         await self.cut_server(broadcaster)
 
-        with pytest.raises(PublishFailed):
-            await broadcaster.publish([self.encoded(job_id="job-1")])
+        with pytest.raises(BroadcastFailed):
+            await broadcaster.broadcast([self.encoded(job_id="job-1")])

@@ -34,7 +34,7 @@ class EventFeedContract(ContractFamilies):
         viewer = await feed.subscribe("scan", "job-1")
         events = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in (1, 2, 3)]
 
-        await broadcaster.publish(events)
+        await broadcaster.broadcast(events)
 
         assert await seqs(viewer, 3) == [1, 2, 3]
         await viewer.close()
@@ -46,7 +46,7 @@ class EventFeedContract(ContractFamilies):
         other_domain = self.encoded(job_id="job-1", seq=2, domain="chat", stream_id=entry_id(2))
         mine = self.encoded(job_id="job-1", seq=3, stream_id=entry_id(3))
 
-        await broadcaster.publish([other_job, other_domain, mine])
+        await broadcaster.broadcast([other_job, other_domain, mine])
 
         assert await seqs(viewer, 1) == [3]
         assert await viewer.next(0.2) is None
@@ -58,7 +58,7 @@ class EventFeedContract(ContractFamilies):
         garbage = EncodedEvent(self.encoded(job_id="job-1").event, b"not json")
         good = self.encoded(job_id="job-1", seq=7, stream_id=entry_id(7))
 
-        await broadcaster.publish([garbage, good])
+        await broadcaster.broadcast([garbage, good])
 
         assert await seqs(viewer, 1) == [7]
         await viewer.close()
@@ -69,12 +69,12 @@ class EventFeedContract(ContractFamilies):
         feed, broadcaster = await self.feed()
         first = await feed.subscribe("scan", "job-1")
         second = await feed.subscribe("scan", "job-1")
-        await broadcaster.publish([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
+        await broadcaster.broadcast([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
         assert await seqs(first, 1) == [1]
         assert await seqs(second, 1) == [1]
 
         await first.close()
-        await broadcaster.publish([self.encoded(job_id="job-1", seq=2, stream_id=entry_id(2))])
+        await broadcaster.broadcast([self.encoded(job_id="job-1", seq=2, stream_id=entry_id(2))])
 
         assert await seqs(second, 1) == [2]
         await second.close()
@@ -91,7 +91,7 @@ class EventFeedContract(ContractFamilies):
         viewer = await feed.subscribe("scan", "job-1")
         events = [self.encoded(job_id="job-1", seq=n, stream_id=entry_id(n)) for n in range(1, 6)]
 
-        await broadcaster.publish(events)
+        await broadcaster.broadcast(events)
 
         async def overflowed() -> bool:
             return self.metrics.dropped >= 3
@@ -106,7 +106,7 @@ class EventFeedContract(ContractFamilies):
     async def test_closing_the_feed_ends_open_and_later_subscriptions(self) -> None:
         feed, broadcaster = await self.feed()
         open_viewer = await feed.subscribe("scan", "job-1")
-        await broadcaster.publish([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
+        await broadcaster.broadcast([self.encoded(job_id="job-1", seq=1, stream_id=entry_id(1))])
         assert await seqs(open_viewer, 1) == [1]
 
         feed.close_viewers()

@@ -406,7 +406,7 @@ class Load:
         )
         self.family = self._config.family
         self._wait = ReplicaWait(self._config.wait_replicas, self._config.wait_timeout_ms)
-        self._publish_once = self._redis.register_script(load_lua("publish_once.lua"))
+        self._append_once = self._redis.register_script(load_lua("append_once.lua"))
         self._write_once = self._redis.register_script(_WRITE_ONCE)
         self._rng = random.Random(seed)
         self.jobs = [f"{stem}-{n:03d}" for n in range(sizes.jobs)]
@@ -575,8 +575,8 @@ class Load:
         """Append an event as the producer does (once per idempotency key)."""
         keys, args = script_arguments(prepared, self._config)
         if pipe is not None:
-            return await self._publish_once(keys=keys, args=args, client=pipe)
-        return await self._wait.call(self._redis, self._publish_once, keys, args)
+            return await self._append_once(keys=keys, args=args, client=pipe)
+        return await self._wait.call(self._redis, self._append_once, keys, args)
 
     async def _append_raw(
         self, stream: str, token: str, fields: Mapping[str, bytes], pipe: Any = None

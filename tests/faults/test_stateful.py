@@ -100,7 +100,7 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup
 from eco_router.application.backoff import Backoff
 from eco_router.application.consume_loop import ConsumeLoop
-from eco_router.application.errors import PublishFailed, TransientError
+from eco_router.application.errors import BroadcastFailed, TransientError
 from eco_router.application.held_shards import HeldShards, Phase
 from eco_router.application.keep_leases import KeepLeases
 from eco_router.application.observe_shards import ObserveShards
@@ -178,14 +178,14 @@ PRODUCED = ("new", "new", "new", "retry", "late", "malformed")
 # Clock moves: within a renewal, about a lease, past a lease, past a reclaim idle time.
 CLOCK_MOVES = st.sampled_from((10, 500, RENEW_MS, 2_500, LEASE_TTL_MS, 5_000, 12_000, 31_000))
 
-# The calls of a router's adapters: a batch is a read (or a claim), an apply, a publish and
+# The calls of a router's adapters: a batch is a read (or a claim), an apply, a broadcast and
 # dead letters, its acks going with the next read (or on their own before a claim and at
 # stop); beside it run heartbeats, lease moves and the wake of a blocked read.
 CALLS = (
     "read_new",
     "claim",
     "apply",
-    "publish",
+    "broadcast",
     "send",
     "ack",
     "interrupt",
@@ -376,10 +376,10 @@ class RecordingBroadcaster(InMemoryBroadcaster):
         super().__init__(channel_prefix=channel_prefix)
         self.refused = 0
 
-    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+    async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
         if not self.available:
             self.refused += len(events)
-        await super().publish(events)
+        await super().broadcast(events)
 
 
 class Life(enum.Enum):
@@ -487,7 +487,7 @@ class LeasedRoutersMachine(RuleBasedStateMachine):
         # Streams, state, leases and dead letters live on one server; Pub/Sub is the
         # broadcaster's own (`available`), and a lost reply from it is a failed publish.
         self.streams_server = Server("the streams server", TransientError)
-        self.pubsub_server = Server("the Pub/Sub server", PublishFailed)
+        self.pubsub_server = Server("the Pub/Sub server", BroadcastFailed)
         self.dead_letters = InMemoryDeadLetterSink(self.streams)
         self.encoder = OrjsonEventEncoder()
         self.metrics = InMemoryRouterMetrics()
@@ -1128,7 +1128,7 @@ class TestScriptedInterleavings:
     ) -> None:
         with scripted_machine(routers=2) as m:
             paused = m.holder_of("job-a")
-            m.arm(paused, Fate.FREEZE, When(call="publish"))
+            m.arm(paused, Fate.FREEZE, When(call="broadcast"))
             m.add_valid("job-a", 1)
             m.settle()
             assert m.routers[paused].gate.frozen

@@ -182,7 +182,7 @@ class TestFailover:
         health = FeedHealth()
         async with sharded_feed(redis_cluster, health) as (feed, broadcaster):
             viewer = await feed.subscribe("scan", "job-1")
-            await broadcaster.publish([encoded(job_id="job-1", seq=1)])
+            await broadcaster.broadcast([encoded(job_id="job-1", seq=1)])
             assert getattr(await viewer.next(5.0), "event_id", None) == 1
 
             shared_cluster.broken = True
@@ -202,7 +202,7 @@ async def _publish_until_accepted(broadcaster: Broadcaster, seq: int) -> None:
     async with asyncio.timeout(15):
         while True:
             try:
-                await broadcaster.publish(
+                await broadcaster.broadcast(
                     [encoded(job_id="job-1", seq=seq, stream_id=entry_id(seq))]
                 )
                 return

@@ -85,7 +85,7 @@ async def served_once_back(
         raise AssertionError("the feed never came back")
     publisher = Redis.from_url(server.url)
     try:
-        await RedisPubSubBroadcaster(publisher, channel_prefix=PREFIX).publish(
+        await RedisPubSubBroadcaster(publisher, channel_prefix=PREFIX).broadcast(
             [encoded(job_id=job_id, seq=1)]
         )
     finally:

@@ -74,7 +74,7 @@ class TestARefusedSubscription:
 
         viewer = await feed.subscribe("scan", "allowed-1")
         broadcaster = RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX)
-        await broadcaster.publish([encoded(job_id="allowed-1", seq=1)])
+        await broadcaster.broadcast([encoded(job_id="allowed-1", seq=1)])
 
         assert await seqs(viewer, 1) == [1]
         assert "permissions" in refused

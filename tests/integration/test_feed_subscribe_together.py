@@ -45,7 +45,7 @@ async def test_a_burst_of_viewers_is_subscribed_in_a_few_commands_and_each_gets_
     feed: RedisPubSubEventFeed, pubsub_redis: Redis
 ) -> None:
     viewers = await asyncio.gather(*(feed.subscribe("scan", job) for job in JOBS))
-    await RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX).publish(
+    await RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX).broadcast(
         [encoded(job_id=job, seq=1) for job in JOBS]
     )
 
@@ -63,7 +63,7 @@ async def test_a_viewer_giving_up_while_its_subscription_is_on_its_way_costs_the
 
     done = await asyncio.gather(*tasks, return_exceptions=True)
     viewers = [v for v in done[1:] if isinstance(v, FeedSubscription)]
-    await RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX).publish(
+    await RedisPubSubBroadcaster(pubsub_redis, channel_prefix=PREFIX).broadcast(
         [encoded(job_id=job, seq=1) for job in JOBS[1:50]]
     )
 

@@ -85,7 +85,7 @@ class TestFailover:
         broadcaster = RedisPubSubBroadcaster(master, channel_prefix="sse:events")
         try:
             viewer = await feed.subscribe("scan", "job-1")
-            await broadcaster.publish([encoded(job_id="job-1", seq=1)])
+            await broadcaster.broadcast([encoded(job_id="job-1", seq=1)])
             assert getattr(await viewer.next(5.0), "event_id", None) == 1
 
             shared_sentinel.broken = True
@@ -96,7 +96,7 @@ class TestFailover:
             async with asyncio.timeout(15):
                 while True:
                     try:
-                        await broadcaster.publish(
+                        await broadcaster.broadcast(
                             [encoded(job_id="job-1", seq=2, stream_id=entry_id(2))]
                         )
                         break

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
-from eco_router.application.errors import PublishFailed
+from eco_router.application.errors import BroadcastFailed
 from eco_router.application.port_values import Delivery, EncodedEvent
 from eco_router.application.ports import FrameWriter
 from eco_router.application.route_batch import RouteBatch
@@ -270,23 +270,23 @@ class Routers:
     @contextlib.contextmanager
     def _dying_at(self, step: Route) -> Iterator[None]:
         broadcaster = self._gw.h.broadcaster
-        real_publish = broadcaster.publish
+        real_broadcast = broadcaster.broadcast
         assert step.death is not None
         death = step.death
 
-        async def publish(events: Sequence[EncodedEvent]) -> None:
+        async def broadcast(events: Sequence[EncodedEvent]) -> None:
             if death is Death.AFTER_PUBLISH:
-                await real_publish(events)
+                await real_broadcast(events)
                 return
             if death is Death.MID_PUBLISH:
-                await real_publish(events[: step.published])
-            raise PublishFailed(f"the router died {death.value}")
+                await real_broadcast(events[: step.published])
+            raise BroadcastFailed(f"the router died {death.value}")
 
-        broadcaster.publish = publish  # type: ignore[method-assign]
+        broadcaster.broadcast = broadcast  # type: ignore[method-assign]
         try:
             yield
         finally:
-            broadcaster.publish = real_publish  # type: ignore[method-assign]
+            broadcaster.broadcast = real_broadcast  # type: ignore[method-assign]
 
     async def settle(self) -> None:
         """Route until nothing is pending or unread."""

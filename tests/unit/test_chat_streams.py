@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from eco_router.application.errors import PublishFailed
+from eco_router.application.errors import BroadcastFailed
 from eco_router.application.port_values import EncodedEvent
 from eco_router.domain.verdict import Verdict
 from tests.unit.test_stream_job_events import Gateway, Viewer, eventually
@@ -245,14 +245,14 @@ class TestMissedLiveEvents:
         chat = Chat(gw)
         viewer = await gw.connected()
         await chat.tokens(ANSWER[:2])
-        real_publish = gw.h.broadcaster.publish
+        real_broadcast = gw.h.broadcaster.broadcast
 
         async def lost(events: Sequence[EncodedEvent]) -> None:
-            raise PublishFailed("the router died here")
+            raise BroadcastFailed("the router died here")
 
-        gw.h.broadcaster.publish = lost  # type: ignore[method-assign]
+        gw.h.broadcaster.broadcast = lost  # type: ignore[method-assign]
         await chat.tokens(ANSWER[2:5])
-        gw.h.broadcaster.publish = real_publish  # type: ignore[method-assign]
+        gw.h.broadcaster.broadcast = real_broadcast  # type: ignore[method-assign]
         await gw.h.route(await gw.h.redeliver())
         await chat.tokens(ANSWER[5:])
 
@@ -298,14 +298,14 @@ class TestMissedLiveEvents:
         chat = Chat(gw)
         await chat.tokens(ANSWER[:2])
         viewer = await gw.connected()
-        real_publish = gw.h.broadcaster.publish
+        real_broadcast = gw.h.broadcaster.broadcast
 
         async def dropped(events: Sequence[EncodedEvent]) -> None:
             """Published, but the message never reaches this gateway."""
 
-        gw.h.broadcaster.publish = dropped  # type: ignore[method-assign]
+        gw.h.broadcaster.broadcast = dropped  # type: ignore[method-assign]
         await chat.stage(181, "done", "completed")
-        gw.h.broadcaster.publish = real_publish  # type: ignore[method-assign]
+        gw.h.broadcaster.broadcast = real_broadcast  # type: ignore[method-assign]
         gw.h.clock.advance(300)
 
         frames = await ended(viewer)

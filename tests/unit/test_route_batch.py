@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from eco_router.application.errors import PublishFailed, TransientError
+from eco_router.application.errors import BroadcastFailed, TransientError
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.verdict import Verdict
 from tests.unit.factories import Harness, make_fields
@@ -215,7 +215,7 @@ class TestPublishFailure:
 
         result = await h.route(await h.read())
 
-        assert isinstance(result.error, PublishFailed)
+        assert isinstance(result.error, BroadcastFailed)
         assert {d.entry_id for d in result.unsettled} == owed
         assert set(h.pending()) == owed
         assert h.published_seqs("job-1") == [5]

@@ -366,7 +366,7 @@ class TestDedup:
         assert viewer.seen == ["2:scan", "3:scan"]
 
         stale = [make_event(seq=seq, stream_id=f"{1_700_000_000_000 + seq}-0") for seq in (1, 3)]
-        await gw.h.broadcaster.publish(
+        await gw.h.broadcaster.broadcast(
             [EncodedEvent(event, gw.h.encoder.encode(event)) for event in stale]
         )
         await gw.produce("job-1", 4, **DONE)
@@ -381,7 +381,7 @@ class TestDedup:
         viewer = await gw.connected()
         late = [make_event(seq=seq, stream_id=f"{1_700_000_000_000 + seq}-0") for seq in (3, 2)]
 
-        await gw.h.broadcaster.publish(
+        await gw.h.broadcaster.broadcast(
             [EncodedEvent(event, gw.h.encoder.encode(event)) for event in late]
         )
         await gw.produce("job-1", 4, **DONE)
@@ -394,7 +394,7 @@ class TestDedup:
     ) -> None:
         viewer = await gw.connected()
         other = make_event(domain="chat", seq=1)
-        await gw.h.broadcaster.publish([EncodedEvent(other, gw.h.encoder.encode(other))])
+        await gw.h.broadcaster.broadcast([EncodedEvent(other, gw.h.encoder.encode(other))])
         await gw.produce("job-1", 1, **DONE)
 
         assert await viewer.ended() == ["snapshot:null", "1:done"]

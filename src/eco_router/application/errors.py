@@ -9,7 +9,7 @@ class TransientError(PortError):
     """The infrastructure behind a port is unreachable or timed out: retry later, ack nothing."""
 
 
-class PublishFailed(TransientError):
+class BroadcastFailed(TransientError):
     """A publish did not reach the Pub/Sub server; the events it carried are owed a publish."""
 
 

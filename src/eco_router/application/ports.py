@@ -186,8 +186,8 @@ class ControlStore(Protocol):
 class Broadcaster(Protocol):
     """Per-job Pub/Sub channels."""
 
-    async def publish(self, events: Sequence[EncodedEvent]) -> None:
-        """Publish each payload on its job's channel in order; `PublishFailed` if any is lost."""
+    async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
+        """Publish each payload on its job's channel in order; `BroadcastFailed` if any is lost."""
         ...
 
     async def ping(self) -> None:
@@ -312,7 +312,7 @@ class RouterMetrics(HealthMetrics, Protocol):
         """Events published, each with its entry-written → published latency."""
         ...
 
-    def publish_failed(self, count: int) -> None:
+    def broadcast_failed(self, count: int) -> None:
         """A publish carrying `count` events failed."""
         ...
 

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from eco_router.application.errors import PublishFailed
+from eco_router.application.errors import BroadcastFailed
 from eco_router.application.port_values import (
     Applied,
     DeadLetter,
@@ -45,7 +45,7 @@ class RouteResult:
     to_ack: list[Delivery] = field(default_factory=list)
     fenced: frozenset[str] = frozenset()
     gaps: frozenset[str] = frozenset()
-    error: PublishFailed | None = None
+    error: BroadcastFailed | None = None
 
 
 class RouteBatch:
@@ -154,12 +154,12 @@ class RouteBatch:
             deliveries = [d for d in deliveries if d.stream not in left]
         judged = [(e, j) for e, j in zip(encoded, applied.judgements, strict=True) if j]
         # What is published carries the fields the store gave it (its event id...).
-        to_publish: list[EncodedEvent] = []
+        to_broadcast: list[EncodedEvent] = []
         for n, (item, judgement) in enumerate(zip(encoded, applied.judgements, strict=True)):
             if judgement is not None and judgement.publish:
                 fields = applied.stamp_of(n)
                 payload = stamped(item.payload, fields) if fields else item.payload
-                to_publish.append(EncodedEvent(item.event, payload))
+                to_broadcast.append(EncodedEvent(item.event, payload))
         for item, judgement in judged:
             if judgement.fills:
                 log.warning(
@@ -169,18 +169,18 @@ class RouteBatch:
                     item.event.job_id,
                 )
         try:
-            if to_publish:
-                await self._broadcaster.publish(to_publish)
-        except PublishFailed as error:
-            self._metrics.publish_failed(len(to_publish))
+            if to_broadcast:
+                await self._broadcaster.broadcast(to_broadcast)
+        except BroadcastFailed as error:
+            self._metrics.broadcast_failed(len(to_broadcast))
             # The caller warns once per episode of failures, not once per batch.
             log.debug(
-                "publish of %d events failed, keeping them unacked: %s", len(to_publish), error
+                "publish of %d events failed, keeping them unacked: %s", len(to_broadcast), error
             )
             result.error = error
-            result.unsettled = [by_entry[_entry_key(item.event)] for item in to_publish]
+            result.unsettled = [by_entry[_entry_key(item.event)] for item in to_broadcast]
         else:
-            self._report_published(to_publish)
+            self._report_published(to_broadcast)
 
         if letters:
             await self._dead_letters.send(letters)

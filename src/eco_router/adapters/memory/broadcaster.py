@@ -6,7 +6,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 
-from eco_router.application.errors import PublishFailed, TransientError
+from eco_router.application.errors import BroadcastFailed, TransientError
 from eco_router.application.port_values import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
@@ -23,9 +23,9 @@ class InMemoryBroadcaster(Broadcaster):
     def channel(self, job_id: str) -> str:
         return f"{self._prefix}:{job_id}"
 
-    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+    async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
         if not self.available:
-            raise PublishFailed("in-memory Pub/Sub server marked unavailable")
+            raise BroadcastFailed("in-memory Pub/Sub server marked unavailable")
         for item in events:
             channel = self.channel(item.event.job_id)
             self.sent.append((channel, item.payload))

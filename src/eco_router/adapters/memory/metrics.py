@@ -41,7 +41,7 @@ class InMemoryRouterMetrics(RouterMetrics):
         self.published[domain] += len(latencies_ms)
         self.latencies_ms.extend(latencies_ms)
 
-    def publish_failed(self, count: int) -> None:
+    def broadcast_failed(self, count: int) -> None:
         self.publish_errors += count
 
     def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:

@@ -49,7 +49,7 @@ class PrometheusRouterMetrics(RouterMetrics):
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self._publish_errors = Counter(
+        self._broadcast_errors = Counter(
             "event_router_publish_errors",
             "Events whose publish failed (kept unacked, published again later).",
             registry=registry,
@@ -140,8 +140,8 @@ class PrometheusRouterMetrics(RouterMetrics):
         for value in latencies_ms:
             histogram.observe(value / 1000)
 
-    def publish_failed(self, count: int) -> None:
-        self._publish_errors.inc(count)
+    def broadcast_failed(self, count: int) -> None:
+        self._broadcast_errors.inc(count)
 
     def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:
         self._dead_letters.labels(domain, reason.value).inc(count)

@@ -49,7 +49,7 @@ TOKEN_WRITE_RETRY_S = 10.0
 def script_arguments(
     entry: PreparedEntry, config: ProducerConfig
 ) -> tuple[list[str], list[str | int]]:
-    """KEYS and ARGV of `publish_once.lua`."""
+    """KEYS and ARGV of `append_once.lua`."""
     args: list[str | int] = [config.idempotency_ttl_s, config.maxlen]
     for name, value in entry.fields.items():
         args += (name, value)
@@ -65,7 +65,7 @@ class AsyncStreamPublisher(ProgressPublisher):
         translate_closed_writes()
         self.config = config
         self._client = client
-        self._script = client.register_script(load_lua("publish_once.lua"))
+        self._script = client.register_script(load_lua("append_once.lua"))
         self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
         store = RedisControlStore(client, families=[config.family], clock=SystemClock())
         self._controls = ControlInbox(store, config.family.domain)
@@ -102,7 +102,7 @@ class AsyncStreamPublisher(ProgressPublisher):
         seq: int | None = None,
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
-        return await self._publish(entry)
+        return await self._append(entry)
 
     async def publish_tokens(
         self,
@@ -135,7 +135,7 @@ class AsyncStreamPublisher(ProgressPublisher):
         async with contextlib.aclosing(coalesced(tokens, run.coalescing)) as batches:
             async for texts in batches:
                 entries, refused = _prepared(run.entry, tally.entries, texts)
-                await self._publish_batch(entries)
+                await self._append_batch(entries)
                 tally.add(texts[: len(entries)])
                 if refused is not None:
                     raise refused
@@ -152,27 +152,27 @@ class AsyncStreamPublisher(ProgressPublisher):
     ) -> str:
         """Write one token a worker numbered itself; returns its stream entry id (the first
         one's, when this (job, attempt, seq) was written already)."""
-        return await self._publish(
+        return await self._append(
             self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
         )
 
-    async def _publish(self, entry: PreparedEntry) -> str:
+    async def _append(self, entry: PreparedEntry) -> str:
         keys, args = script_arguments(entry, self.config)
         return _text(await self._wait.call(self._client, self._script, keys, args))
 
-    async def _publish_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
-        """`_publish_all`, sent again while it fails for a reason that passes."""
+    async def _append_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
+        """`_append_all`, sent again while it fails for a reason that passes."""
         retries = _Retries()
         while True:
             try:
-                return await self._publish_all(entries)
+                return await self._append_all(entries)
             except Exception as error:
                 await asyncio.sleep(retries.delay_after(error))
 
-    async def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
+    async def _append_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
         """Each entry once, in order, in one round trip (with its WAIT, when asked)."""
         if len(entries) <= 1:
-            return [await self._publish(entry) for entry in entries]
+            return [await self._append(entry) for entry in entries]
         try:
             return await self._pipelined(entries)
         except NoScriptError:
@@ -200,7 +200,7 @@ class StreamPublisher:
     ) -> None:
         self.config = config
         self._client = client
-        self._script = client.register_script(load_lua("publish_once.lua"))
+        self._script = client.register_script(load_lua("append_once.lua"))
         self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
         self._controls = SyncControlInbox(client, config.family)
 
@@ -233,7 +233,7 @@ class StreamPublisher:
         seq: int | None = None,
     ) -> str:
         entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
-        return self._publish(entry)
+        return self._append(entry)
 
     def publish_tokens(
         self,
@@ -257,7 +257,7 @@ class StreamPublisher:
         tally = TokenTally(run.run.first_seq)
         for texts in coalesced_sync(tokens, run.coalescing):
             entries, refused = _prepared(run.entry, tally.entries, texts)
-            self._publish_batch(entries)
+            self._append_batch(entries)
             tally.add(texts[: len(entries)])
             if refused is not None:
                 raise refused
@@ -273,25 +273,23 @@ class StreamPublisher:
         attempt: int = 0,
     ) -> str:
         """`AsyncStreamPublisher.publish_token` from synchronous code."""
-        return self._publish(
-            self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
-        )
+        return self._append(self.config.token(job_id, content, seq=seq, node=node, attempt=attempt))
 
-    def _publish(self, entry: PreparedEntry) -> str:
+    def _append(self, entry: PreparedEntry) -> str:
         keys, args = script_arguments(entry, self.config)
         return _text(self._wait.call_sync(self._client, self._script, keys, args))
 
-    def _publish_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
+    def _append_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
         retries = _Retries()
         while True:
             try:
-                return self._publish_all(entries)
+                return self._append_all(entries)
             except Exception as error:
                 time.sleep(retries.delay_after(error))
 
-    def _publish_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
+    def _append_all(self, entries: Sequence[PreparedEntry]) -> list[str]:
         if len(entries) <= 1:
-            return [self._publish(entry) for entry in entries]
+            return [self._append(entry) for entry in entries]
         try:
             return self._pipelined(entries)
         except NoScriptError:

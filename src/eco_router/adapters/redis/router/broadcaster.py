@@ -10,7 +10,7 @@ from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.connections.round_trips import HeldConnection
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.errors import PublishFailed
+from eco_router.application.errors import BroadcastFailed
 from eco_router.application.port_values import EncodedEvent
 from eco_router.application.ports import Broadcaster
 
@@ -25,19 +25,19 @@ class RedisPubSubBroadcaster(Broadcaster):
     def __init__(self, redis: Redis, *, channel_prefix: str) -> None:
         self._redis = redis
         self._prefix = channel_prefix
-        self._script = redis.register_script(load_lua("publish_batch.lua"))
+        self._script = redis.register_script(load_lua("broadcast_batch.lua"))
         self._trips = HeldConnection(redis)
 
     def channel(self, job_id: str) -> str:
         return f"{self._prefix}:{job_id}"
 
-    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+    async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
         if not events:
             return
         args: list[str | bytes] = []
         for item in events:
             args += (self.channel(item.event.job_id), item.payload)
-        with redis_errors(f"PUBLISH {len(events)} events", error_type=PublishFailed):
+        with redis_errors(f"PUBLISH {len(events)} events", error_type=BroadcastFailed):
             await self._trips.call_script(self._script, [], args)
 
     async def ping(self) -> None:
@@ -59,10 +59,10 @@ class RedisShardedPubSubBroadcaster(Broadcaster):
     def channel(self, job_id: str) -> str:
         return f"{self._prefix}:{job_id}"
 
-    async def publish(self, events: Sequence[EncodedEvent]) -> None:
+    async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
         if not events:
             return
-        with redis_errors(f"SPUBLISH {len(events)} events", error_type=PublishFailed):
+        with redis_errors(f"SPUBLISH {len(events)} events", error_type=BroadcastFailed):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for item in events:
                     pipe.spublish(self.channel(item.event.job_id), item.payload)
