@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.goals import Goal, command_gap, goal_lines
-from bench.router_bench import Latency, Report
+from bench.router_bench import Latency, Report, Throughput
 
 
 def _paced(rate: int, p99_ms: float) -> Latency:
@@ -106,3 +106,57 @@ def test_a_missed_streams_redis_goal_says_where_the_time_goes() -> None:
         "the scripts' own work +10.00"
     )
     assert sum(line.startswith("  why: ") for line in lines) == 1
+
+
+def _drain(worker_us: float, redis_us: float) -> Throughput:
+    return Throughput(
+        router="r",
+        reads="",
+        routers=1,
+        events=1000,
+        jobs=100,
+        duplicates_added=0,
+        late_added=0,
+        fill_s=0.1,
+        startup_s=0.1,
+        drain_s=1.0,
+        events_per_s=1000.0,
+        redis_cpu_us_per_event=redis_us,
+        pubsub_cpu_us_per_event=1.0,
+        worker_cpu_us_per_event=worker_us,
+        mean_batch_size=100.0,
+        verdicts={},
+        shards_held=[4],
+        shares=[1.0],
+        redis_usec_per_event_by_command={},
+    )
+
+
+def test_a_slower_drain_names_both_processes_cpu_per_event() -> None:
+    report = _report({"throughput_leases_over_plain": 0.75}, p99_1000=1, p99_5000=1)
+    report.throughput = {"leases": _drain(20.0, 14.5), "plain_batch": _drain(14.0, 9.2)}
+
+    lines = goal_lines(report)
+
+    assert (
+        "  why: router CPU 20.0 us/event against the plain batch router's 14.0, streams redis "
+        "14.5 against 9.2: one router process drains as fast as the slower of the two lets it"
+    ) in lines
+
+
+def test_a_paced_router_cpu_miss_shows_the_cost_at_both_rates() -> None:
+    report = _report({"paced_1000_router_cpu_leases_over_plain": 1.7}, p99_1000=1, p99_5000=1)
+    for rate, mine, plain in ((1000, 207.0, 120.0), (5000, 60.0, 31.0)):
+        report.rates.setdefault(rate, {})
+        report.rates[rate]["leases"] = _paced(rate, 1.0)
+        report.rates[rate]["leases"].router_cpu_us_per_event = mine
+        report.rates[rate]["plain_batch"] = _paced(rate, 1.0)
+        report.rates[rate]["plain_batch"].router_cpu_us_per_event = plain
+
+    why = [line for line in goal_lines(report) if line.startswith("  why: ")]
+
+    assert why == [
+        "  why: this tree 207 us/event at 1,000 ev/s, 60 at 5,000; plain batch 120 us/event at "
+        "1,000 ev/s, 31 at 5,000: the cost is per batch (a read, an apply, a broadcast), and "
+        "batches of one or two events carry it alone"
+    ]
