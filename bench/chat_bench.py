@@ -58,13 +58,13 @@ from bench.chat_entries import (
     write_answers,
 )
 from bench.chat_viewer import AnswerLedger, ChatViewer, FrameParser, open_viewer, open_viewers
+from bench.gateway_processes import free_port, gateway_fds, raise_fd_limit
 from bench.producer_process import ProducerProcess
 from bench.redis_probes import command_usec, redis_cpu_seconds, watch_drain
 from bench.redis_servers import redis_servers
-from bench.reporting import RESULTS_DIR, environment, percentile, run_benchmark, step
+from bench.reporting import RESULTS_DIR, environment, num, percentile, run_benchmark, step
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from bench.routers import BATCHED_READ_COUNT, Worker, wait_until_reading
-from bench.sse_bench import free_port, gateway_fds, raise_fd_limit
 from bench.sse_client import Tally
 from eco_router.testing import RedisServer
 
@@ -772,10 +772,6 @@ def run(args: argparse.Namespace) -> Report:
     report.environment = environment()
     report.load.append(os.getloadavg()[0])
     return report
-
-
-def num(value: float | None, fmt: str = "{:,.1f}") -> str:
-    return "n/a" if value is None else fmt.format(value)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

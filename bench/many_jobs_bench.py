@@ -24,28 +24,22 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 import uvloop
 
-from bench.reporting import RESULTS_DIR, environment, ms, percentile, run_benchmark, step
-from bench.sse_bench import (
+from bench.gateway_processes import (
     DOMAIN,
-    FD_HEADROOM,
-    SETTLE_S,
     Column,
     Gateway,
-    Worker,
-    gateway_fds,
-    publish_and_wait,
-    raise_fd_limit,
-    ranked,
-    servers,
+    open_files_for,
+    ready_gateway,
+    routed_servers,
 )
+from bench.reporting import RESULTS_DIR, ColumnsReport, ms, num, percentile, run_benchmark, step
+from bench.sse_bench import SETTLE_S, publish_and_wait, ranked, rss_warmed_up
 from bench.sse_client import (
     CONNECT_CONCURRENCY,
     CONNECT_TIMEOUT_S,
@@ -149,11 +143,7 @@ async def measure(
     gateway: Gateway, streams_url: str, args: argparse.Namespace, r: Result, *, dashboards: bool
 ) -> None:
     run_id = f"{time.time_ns():x}"
-    warm, _ = await open_connections(gateway.port, DOMAIN, [f"warm-{run_id}"], Tally(), probes=1)
-    for connection in warm:
-        connection.close()
-    await asyncio.sleep(SETTLE_S)
-    r.rss_before_kib = gateway.rss_kib()
+    r.rss_before_kib = await rss_warmed_up(gateway, run_id)
     per = args.jobs_per_dashboard
     jobs = [f"job-{run_id}-{n:05d}" for n in range(args.dashboards * per)]
     tally = Tally()
@@ -194,50 +184,30 @@ async def measure(
         connection.close()
 
 
-@dataclass(slots=True)
-class Report:
-    """Both columns of one run."""
-
-    args: dict[str, Any]
-    columns: list[Result]
-    environment: dict[str, Any] = field(default_factory=dict)
+Report = ColumnsReport[Result]
 
 
 def run(args: argparse.Namespace) -> Report:
     jobs = args.dashboards * args.jobs_per_dashboard
-    fds = jobs + FD_HEADROOM
-    raise_fd_limit(gateway_fds(fds))
+    fds = open_files_for(jobs)
     results = []
     for title, dashboards in (("dashboards", True), ("one per job", False)):
         result = Result(title)
         print(f"== {title}", flush=True)
-        with ExitStack() as stack:
-            streams, pubsub = stack.enter_context(servers(jobs))
-            worker = stack.enter_context(Worker(streams.url, pubsub.url))
-            worker.wait_ready()
-            gateway = stack.enter_context(Gateway(Column(title), streams.url, pubsub.url, fds=fds))
-            gateway.wait_ready()
+        with (
+            routed_servers(jobs) as (streams, pubsub),
+            ready_gateway(Column(title), streams, pubsub, fds=fds) as gateway,
+        ):
             uvloop.run(measure(gateway, streams.url, args, result, dashboards=dashboards))
         results.append(result)
-    report = Report({k: str(v) for k, v in vars(args).items()}, results)
-    report.environment = environment()
-    return report
+    return Report.of(args, results)
 
 
 def print_report(report: Report) -> None:
     cols = report.columns
-    width = 20
-
-    def row(label: str, values: Sequence[str]) -> None:
-        print(f"{label:<36}" + "".join(f"{v:>{width}}" for v in values))
-
-    def num(value: float | None, fmt: str = "{:,.1f}") -> str:
-        return "n/a" if value is None else fmt.format(value)
-
-    env = report.environment
-    print()
-    print(f"eco-router: many jobs on one connection, {env['cpus']} CPUs, Python {env['python']}")
-    row("", [c.title for c in cols])
+    row = report.print_head(
+        "eco-router: many jobs on one connection,", label_width=36, column_width=20
+    )
     row("connections established", [f"{c.established:,}/{c.connections:,}" for c in cols])
     row("jobs watched", [f"{c.jobs_watched:,}" for c in cols])
     row(

@@ -1,4 +1,5 @@
-"""What the benchmarks share: progress lines, percentiles, the environment, the JSON result file."""
+"""What the benchmarks share: progress lines, percentiles, table rows, the environment, the
+report of columns, the JSON result file."""
 
 from __future__ import annotations
 
@@ -9,11 +10,22 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+RowPrinter = Callable[[str, Sequence[str]], None]
+
+
+class Titled(Protocol):
+    """A column of a table: its title heads it."""
+
+    @property
+    def title(self) -> str: ...
+
 
 R = TypeVar("R")
+C = TypeVar("C", bound=Titled)
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -34,6 +46,19 @@ def ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def num(value: float | None, fmt: str = "{:,.1f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def row_printer(label_width: int, column_width: int) -> RowPrinter:
+    """A printer of table rows: the label, then one right-aligned cell per column."""
+
+    def row(label: str, values: Sequence[str]) -> None:
+        print(f"{label:<{label_width}}" + "".join(f"{v:>{column_width}}" for v in values))
+
+    return row
+
+
 def write_json(report: Any, path: Path) -> None:
     """The report dataclass as JSON, stamped with the time it was made."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +74,28 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+@dataclass(slots=True)
+class ColumnsReport(Generic[C]):
+    """A run that compares columns side by side: its arguments, its columns, the machine."""
+
+    args: dict[str, Any]
+    columns: list[C]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, columns: list[C]) -> ColumnsReport[C]:
+        return cls({k: str(v) for k, v in vars(args).items()}, columns, environment())
+
+    def print_head(self, headline: str, *, label_width: int, column_width: int) -> RowPrinter:
+        """Print the table's head (`headline` with the machine, then the columns' titles); the
+        printer of its rows, aligned under it."""
+        row = row_printer(label_width, column_width)
+        print()
+        print(f"{headline} {self.environment['cpus']} CPUs, Python {self.environment['python']}")
+        row("", [column.title for column in self.columns])
+        return row
 
 
 def run_benchmark(

@@ -47,20 +47,14 @@ from typing import Any
 
 import httpx
 
+from bench.gateway_processes import DOMAIN, FD_HEADROOM, SHARDS, free_port, raise_fd_limit
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_servers import redis_servers
 from bench.reporting import RESULTS_DIR, environment, step, write_json
 from bench.router_process import RouterProcess, eco_router_command, eco_router_env
 from bench.routers import Worker
-from bench.sse_bench import (
-    DOMAIN,
-    FD_HEADROOM,
-    PRODUCER_MAX_IN_FLIGHT,
-    SHARDS,
-    free_port,
-    raise_fd_limit,
-)
+from bench.sse_bench import PRODUCER_MAX_IN_FLIGHT
 from eco_router.producer import connect_async, producer_config
 
 RESULTS_PATH = RESULTS_DIR / "soak.json"

@@ -33,150 +33,39 @@ import asyncio
 import contextlib
 import math
 import os
-import re
-import resource
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
-from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
+from bench.baseline_source import BaselineUnavailable, baseline_source
+from bench.gateway_processes import (
+    DOMAIN,
+    SHARDS,
+    Column,
+    Gateway,
+    open_files_for,
+    ready_gateway,
+    routed_servers,
+)
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
-from bench.redis_servers import redis_servers
-from bench.reporting import RESULTS_DIR, environment, ms, percentile, run_benchmark, step
-from bench.router_process import RouterProcess, eco_router_command, eco_router_env
+from bench.reporting import RESULTS_DIR, ColumnsReport, ms, num, percentile, run_benchmark, step
 from bench.sse_client import SseConnection, Tally, open_connections
 from eco_router.producer import connect_async, producer_config
-from eco_router.testing import RedisServer
 
-DOMAIN = "scan"
-SHARDS = 4
 RESULTS_PATH = RESULTS_DIR / "sse.json"
-FD_HEADROOM = 200
 SETTLE_S = 1.0
 WAIT_AFTER_S = 5.0
 PRODUCER_MAX_IN_FLIGHT = 100
 POLL_INTERVAL_S = 0.05
 PROBES = 200
 SHUTDOWN_WAIT_S = 40.0
-GC_LINE = re.compile(r"gc pause: generation (\d) ([0-9.]+) ms")
-
-
-def raise_fd_limit(needed: int) -> tuple[int, int]:
-    """Raise RLIMIT_NOFILE to at least `needed` (children inherit it); the limits now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft >= needed:
-        return soft, hard
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))
-        except (ValueError, OSError) as error:
-            raise SystemExit(
-                f"need {needed} file descriptors but the hard limit is {hard} ({error}); "
-                "raise it (ulimit -Hn) or lower --connections"
-            ) from None
-    else:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def gateway_fds(max_connections: int) -> int:
-    """Enough open files that `serve` keeps its connection cap (it lowers the cap to fit, with
-    a warning)."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 3 * max_connections + 10_000
-    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One gateway the table compares."""
-
-    title: str
-    reference: bool = False
-    source: BaselineSource | None = None
-
-
-class Gateway(RouterProcess):
-    """A gateway process on a free loopback port: `serve --no-router`, or the reference."""
-
-    clean_exits = (0, -signal.SIGTERM, -signal.SIGKILL)
-    stop_timeout_s = 15.0
-
-    def __init__(self, column: Column, streams_url: str, pubsub_url: str, *, fds: int) -> None:
-        self.port = free_port()
-        env = eco_router_env(
-            streams_url,
-            pubsub_url,
-            EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
-            EVENT_ROUTER_LOG_LEVEL="DEBUG",
-            EVENT_ROUTER_GATEWAY_METRICS="true",
-            EVENT_ROUTER_HTTP_MAX_CONNECTIONS=str(fds),
-            EVENT_ROUTER_SSE_MAX_PER_CLIENT="100000",
-            # Every client is this process: no cap per address (it must be 0 or above the
-            # stream cap).
-            EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT="0",
-        )
-        if column.reference:
-            command = [sys.executable, "-m", "bench.reference_gateway", "--port", str(self.port)]
-            command += ["--pubsub-url", pubsub_url]
-        else:
-            command = eco_router_command(
-                "serve", "--no-router", "--host", "127.0.0.1", "--port", str(self.port)
-            )
-        if column.source is not None:
-            env["PYTHONPATH"] = column.source.pythonpath()
-            command = [column.source.python, "-m", "eco_router.entrypoints.cli", *command[1:]]
-
-        def limit_fds() -> None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (gateway_fds(fds), gateway_fds(fds)))
-
-        super().__init__(command, env=env, name="gateway", preexec_fn=limit_fds)
-
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def gc_pauses_ms(self) -> list[float]:
-        """Full (generation 2) collections the gateway logged, in ms."""
-        if not self._log.closed:
-            self._log.flush()
-        text = Path(self._log.name).read_text(errors="replace")
-        return [float(m[2]) for m in GC_LINE.finditer(text) if m[1] == "2"]
-
-
-class Worker(RouterProcess):
-    """`eco-router worker` of this tree: routes the producer's events to Pub/Sub."""
-
-    def __init__(self, streams_url: str, pubsub_url: str) -> None:
-        env = eco_router_env(
-            streams_url,
-            pubsub_url,
-            EVENT_ROUTER_STREAMS=f"{DOMAIN}:events={SHARDS}",
-            EVENT_ROUTER_CONSUMER_NAME="bench-worker",
-            EVENT_ROUTER_HTTP_HOST="127.0.0.1",
-            EVENT_ROUTER_HTTP_PORT=str(free_port()),
-            EVENT_ROUTER_LOG_LEVEL="WARNING",
-        )
-        self._port = env["EVENT_ROUTER_HTTP_PORT"]
-        super().__init__(eco_router_command("worker"), env=env, name="worker")
-
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
 
 
 async def produce(url: str, job_ids: Sequence[str], rate: int, seconds: float) -> tuple[int, float]:
@@ -251,6 +140,16 @@ def ranked(latencies: list[float], expected: int) -> list[float]:
     return values + [math.inf] * max(0, expected - len(values))
 
 
+async def rss_warmed_up(gateway: Gateway, run_id: str) -> int:
+    """The gateway's RSS (KiB) once one stream has come and gone, so that what the first one
+    allocates for good is not counted per connection."""
+    warm, _ = await open_connections(gateway.port, DOMAIN, [f"warm-{run_id}"], Tally(), probes=1)
+    for connection in warm:
+        connection.close()
+    await asyncio.sleep(SETTLE_S)
+    return gateway.rss_kib()
+
+
 async def publish_and_wait(
     streams_url: str, jobs: Sequence[str], rate: int, seconds: float, tally: Tally, per_event: int
 ) -> tuple[int, float]:
@@ -301,11 +200,7 @@ async def spread(
 ) -> list[SseConnection]:
     tally = Tally()
     run_id = f"{time.time_ns():x}"
-    warm, _ = await open_connections(gateway.port, DOMAIN, [f"warm-{run_id}"], Tally(), probes=1)
-    for connection in warm:
-        connection.close()
-    await asyncio.sleep(SETTLE_S)
-    r.rss_before_kib = gateway.rss_kib()
+    r.rss_before_kib = await rss_warmed_up(gateway, run_id)
     jobs = [f"job-{run_id}-{n:05d}" for n in range(args.connections)]
     step("connect", f"{args.connections:,} SSE connections, each on its own job")
     cpu, started = gateway.cpu_seconds(), time.monotonic()
@@ -372,22 +267,13 @@ async def shutdown(gateway: Gateway, connections: list[SseConnection], r: Result
         connection.close()
 
 
-def servers(connections: int) -> AbstractContextManager[tuple[RedisServer, RedisServer]]:
-    # The reference holds one Pub/Sub connection per client.
-    return redis_servers(pubsub_args=("--maxclients", str(connections + 4_000)))
-
-
 def run_column(column: Column, args: argparse.Namespace, fds: int) -> Result:
     result = Result(column.title)
     print(f"== {column.title}", flush=True)
-    with ExitStack() as stack:
-        streams, pubsub = stack.enter_context(servers(max(args.connections, args.viewers)))
-        worker = stack.enter_context(Worker(streams.url, pubsub.url))
-        worker.wait_ready()
+    with routed_servers(max(args.connections, args.viewers)) as (streams, pubsub):
         # A fresh gateway per scenario: RSS per connection is measured on a heap the fan-out
         # has not grown, and the SIGTERM ends the first one.
-        with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
-            gateway.wait_ready()
+        with ready_gateway(column, streams, pubsub, fds=fds) as gateway:
 
             async def spread_and_stop() -> None:
                 connections = await spread(gateway, streams.url, args, result)
@@ -395,24 +281,16 @@ def run_column(column: Column, args: argparse.Namespace, fds: int) -> Result:
 
             uvloop.run(spread_and_stop())
         if args.viewers:
-            with Gateway(column, streams.url, pubsub.url, fds=fds) as gateway:
-                gateway.wait_ready()
+            with ready_gateway(column, streams, pubsub, fds=fds) as gateway:
                 uvloop.run(fan_out(gateway, streams.url, args, result))
     return result
 
 
-@dataclass(slots=True)
-class Report:
-    """Every column of one run."""
-
-    args: dict[str, Any]
-    columns: list[Result]
-    environment: dict[str, Any] = field(default_factory=dict)
+Report = ColumnsReport[Result]
 
 
 def run(args: argparse.Namespace) -> Report:
-    fds = max(args.connections, args.viewers) + FD_HEADROOM
-    raise_fd_limit(gateway_fds(fds))
+    fds = open_files_for(max(args.connections, args.viewers))
     columns = [Column("this tree")]
     results = []
     with ExitStack() as stack:
@@ -428,25 +306,12 @@ def run(args: argparse.Namespace) -> Report:
             columns.append(Column("reference", reference=True))
         for column in columns:
             results.append(run_column(column, args, fds))
-    report = Report({k: str(v) for k, v in vars(args).items()}, results)
-    report.environment = environment()
-    return report
+    return Report.of(args, results)
 
 
 def print_report(report: Report) -> None:
     cols = report.columns
-    width = 22
-
-    def row(label: str, values: Sequence[str]) -> None:
-        print(f"{label:<40}" + "".join(f"{v:>{width}}" for v in values))
-
-    def num(value: float | None, fmt: str = "{:,.1f}") -> str:
-        return "n/a" if value is None else fmt.format(value)
-
-    env = report.environment
-    print()
-    print(f"eco-router SSE gateway benchmark: {env['cpus']} CPUs, Python {env['python']}")
-    row("", [c.title for c in cols])
+    row = report.print_head("eco-router SSE gateway benchmark:", label_width=40, column_width=22)
     print("fan-out: viewers of one job")
     row("  viewers established", [f"{c.fanout_established:,}/{c.viewers:,}" for c in cols])
     row("  events/s published", [num(c.fanout_rate) for c in cols])

@@ -5,8 +5,10 @@ reads, wake-ups, lost read replies, look-behind."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.adapters.memory.state_store import InMemoryStateStore
@@ -27,6 +29,8 @@ from tests.unit.factories import GROUP, Harness, eventually
 
 STOP_WITHIN_S = 5.0
 
+S = TypeVar("S", bound=InMemoryEventSource)
+
 
 @asynccontextmanager
 async def running(loop: ConsumeLoop) -> AsyncIterator[tuple[asyncio.Event, asyncio.Task[None]]]:
@@ -39,6 +43,48 @@ async def running(loop: ConsumeLoop) -> AsyncIterator[tuple[asyncio.Event, async
         stop.set()
         async with asyncio.timeout(STOP_WITHIN_S):
             await task
+
+
+def source_of(h: Harness, kind: type[S], **extra: Any) -> S:
+    """A source of `kind` reading as the harness's own consumer, as `h.source` does."""
+    return kind(h.streams, families=[h.family], group=GROUP, consumer=h.consumer, **extra)
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A read on its way to the server: the acks it carries, whether it looks behind;
+    `send()` has the server do it and gives its reply."""
+
+    acks: Sequence[Delivery]
+    look_behind: bool
+    send: Callable[[], Awaitable[ReadBatch]]
+
+
+class ReadThroughSource(InMemoryEventSource):
+    """The in-memory source, each read passing through `around_read`: the fakes below change
+    that hook, so that `read_new`'s signature is written once and follows the port's."""
+
+    async def read_new(
+        self,
+        after: Mapping[str, str],
+        *,
+        count: int,
+        acks: Sequence[Delivery] = (),
+        block_ms: int = 0,
+        look_behind: bool = True,
+    ) -> ReadBatch:
+        read_new = super().read_new
+
+        async def send() -> ReadBatch:
+            return await read_new(
+                after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
+            )
+
+        return await self.around_read(Read(acks, look_behind, send))
+
+    async def around_read(self, read: Read) -> ReadBatch:
+        """As is, the real adapter's read."""
+        return await read.send()
 
 
 class CountingSource(InMemoryEventSource):
@@ -139,7 +185,7 @@ class TestTransientFailures:
 
     async def test_an_unavailable_source_at_startup_is_retried_until_available(self) -> None:
         h = Harness()
-        source = CountingSource(h.streams, families=[h.family], group="router", consumer=h.consumer)
+        source = source_of(h, CountingSource)
         source.available = False
         h.xadd("job-1", 1)
 
@@ -359,7 +405,7 @@ class TestHeldShards:
         assert h.streams.lag(stream, "router") == 1
 
 
-class AckCountingSource(InMemoryEventSource):
+class AckCountingSource(ReadThroughSource):
     """Counts the calls that reach the server and which of them carried acks; can lose the
     reply of the next read that brings entries, after the server has done its work."""
 
@@ -372,25 +418,15 @@ class AckCountingSource(InMemoryEventSource):
         self.calls: list[str] = []
         self.carried = 0
 
-    async def read_new(
-        self,
-        after: Mapping[str, str],
-        *,
-        count: int,
-        acks: Sequence[Delivery] = (),
-        block_ms: int = 0,
-        look_behind: bool = True,
-    ) -> ReadBatch:
+    async def around_read(self, read: Read) -> ReadBatch:
         self.calls.append("read_new")
-        self.carried += len(acks)
-        if acks:
+        self.carried += len(read.acks)
+        if read.acks:
             await asyncio.sleep(self.slow_s)
             if self.cut_next_read:
                 self.cut_next_read = False
                 raise TransientError("connection reset before the server saw the read")
-        batch = await super().read_new(
-            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+        batch = await read.send()
         if self.lose_next_read and batch.deliveries:
             self.lose_next_read = False
             raise TransientError("connection reset after the server had read")
@@ -424,22 +460,12 @@ class ReportingHeld(HeldShards):
         return drained
 
 
-def ack_counting_source(h: Harness) -> AckCountingSource:
-    return AckCountingSource(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
-
-
 async def run_until(h: Harness, source: AckCountingSource, done: object) -> None:
     """Run the loop until `done()` holds, then stop it and wait for its end."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(h.consume_loop(source).run(stop))
-    try:
+    async with running(h.consume_loop(source)):
         await eventually(h.groups_ready)
         await eventually(lambda: "read_new" in source.calls)
         await done()  # type: ignore[operator]
-    finally:
-        stop.set()
-        async with asyncio.timeout(5.0):
-            await task
 
 
 class TestAcksRideOnTheNextRoundTrip:
@@ -447,7 +473,7 @@ class TestAcksRideOnTheNextRoundTrip:
         self,
     ) -> None:
         h = Harness()
-        source = ack_counting_source(h)
+        source = source_of(h, AckCountingSource)
 
         async def one_by_one() -> None:
             for seq in range(1, 6):
@@ -465,24 +491,23 @@ class TestAcksRideOnTheNextRoundTrip:
 
     async def test_what_is_routed_last_is_acked_at_stop(self) -> None:
         h = Harness()
-        source = ack_counting_source(h)
+        source = source_of(h, AckCountingSource)
         source.slow_s = 1.0  # stop comes while the wait carrying the ack is on its way
-        stop = asyncio.Event()
-        loop = h.consume_loop(source)
-        task = asyncio.create_task(loop.run(stop))
-        await eventually(h.groups_ready)
-        h.xadd("job-1", 1)
-        await eventually(lambda: h.published_seqs("job-1") == [1])
 
-        stop.set()
-        async with asyncio.timeout(5.0):
-            await task
+        async with running(h.consume_loop(source)) as (stop, task):
+            await eventually(h.groups_ready)
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+
+            stop.set()
+            async with asyncio.timeout(STOP_WITHIN_S):
+                await task
 
         assert h.pending() == {}
 
     async def test_owed_acks_land_before_a_claim_so_nothing_is_published_twice(self) -> None:
         h = Harness()
-        source = ack_counting_source(h)
+        source = source_of(h, AckCountingSource)
 
         async def a_backlog_whose_first_read_carrying_acks_is_cut() -> None:
             # Read 10 at a time: the third read carries the first batch's acks.
@@ -504,7 +529,7 @@ class TestAcksRideOnTheNextRoundTrip:
         self,
     ) -> None:
         h = Harness()
-        source = ack_counting_source(h)
+        source = source_of(h, AckCountingSource)
 
         async def routed_then_a_read_loses_its_reply() -> None:
             h.xadd("job-1", 1)
@@ -521,16 +546,15 @@ class TestAcksRideOnTheNextRoundTrip:
 
     async def test_a_releasing_shard_is_given_up_only_once_its_acks_landed(self) -> None:
         h = Harness()
-        source = ack_counting_source(h)
+        source = source_of(h, AckCountingSource)
         source.slow_s = 0.2
         held = ReportingHeld()
         for stream, token in h.fence.items():
             held.gain(stream, token, since_ms=0, now_s=0.0)
             held.took_over(stream)
         held.pending_on = lambda stream: h.streams.pending(stream, GROUP)
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source, held=held).run(stop))
-        try:
+
+        async with running(h.consume_loop(source, held=held)):
             await eventually(h.groups_ready)
             stream = h.family.stream_for("job-1")
             h.xadd("job-1", 1)
@@ -540,10 +564,6 @@ class TestAcksRideOnTheNextRoundTrip:
 
             await eventually(lambda: stream in held.drained())
             assert held.drained_while_pending == []
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
 
 
 class GainingDuringClaim(InMemoryEventSource):
@@ -576,31 +596,19 @@ class TestShardGainedMeanwhile:
         h.leases.epochs[lost] += 1  # another router took `lost` over: its claim is fenced
         held = HeldShards()
         held.gain(lost, 1, since_ms=0, now_s=0.0)
-        source = GainingDuringClaim(
-            h.streams,
-            families=[h.family],
-            group=GROUP,
-            consumer=h.consumer,
-            held=held,
-            stream=gained,
-        )
+        source = source_of(h, GainingDuringClaim, held=held, stream=gained)
         job = next(f"job-{i}" for i in range(100) if h.family.stream_for(f"job-{i}") == gained)
         h.xadd(job, 1)
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source, held=held).run(stop))
-        try:
+
+        async with running(h.consume_loop(source, held=held)):
             await eventually(lambda: h.published_seqs(job) == [1], timeout_s=2.0)
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
         assert h.pending() == {}
 
 
 JOB = "job-1"
 
 
-class ReadBetweenClaimPages(InMemoryEventSource):
+class ReadBetweenClaimPages(ReadThroughSource):
     """Claims and reads as the server does, and counts reads; before the take-over's second
     page, the previous holder (which has not noticed it lost the shard) reads an entry that
     was just appended."""
@@ -623,19 +631,9 @@ class ReadBetweenClaimPages(InMemoryEventSource):
             stream, token=token, cursor=cursor, min_idle_ms=min_idle_ms, count=count
         )
 
-    async def read_new(
-        self,
-        after: Mapping[str, str],
-        *,
-        count: int,
-        acks: Sequence[Delivery] = (),
-        block_ms: int = 0,
-        look_behind: bool = True,
-    ) -> ReadBatch:
+    async def around_read(self, read: Read) -> ReadBatch:
         self.reads += 1
-        return await super().read_new(
-            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+        return await read.send()
 
 
 class TestTakeOverOverlappingTheLastRead:
@@ -648,38 +646,23 @@ class TestTakeOverOverlappingTheLastRead:
         await previous.read_new({stream: "0-0"}, count=10)  # left pending by the holder
         source = ReadBetweenClaimPages(h, previous)
         held = h.held_shards(Phase.TAKING_OVER)
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source, read_count=2, held=held).run(stop))
-        try:
+
+        async with running(h.consume_loop(source, read_count=2, held=held)):
             await eventually(lambda: h.published_seqs(JOB) == [1, 2, 3, 4, 5, 6])
             assert h.pending() == {}
             reads = source.reads
             await asyncio.sleep(0.2)  # nothing new: each read waits 5 ms for an append
             assert source.reads - reads < 100
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
 
 
-class LosingOneReply(InMemoryEventSource):
+class LosingOneReply(ReadThroughSource):
     """Reads as the server does (the entries become pending to this consumer), then loses
     the reply of the first read that brought entries once `lose_next` is set."""
 
     lose_next = False
 
-    async def read_new(
-        self,
-        tokens: Mapping[str, int],
-        *,
-        count: int,
-        acks: Sequence[Delivery] = (),
-        block_ms: int = 0,
-        look_behind: bool = True,
-    ) -> ReadBatch:
-        batch = await super().read_new(
-            tokens, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+    async def around_read(self, read: Read) -> ReadBatch:
+        batch = await read.send()
         if self.lose_next and batch.deliveries:
             self.lose_next = False
             raise TransientError("connection reset after the server had read")
@@ -690,71 +673,51 @@ async def seq_1_read_with_a_lost_reply_then_seq_2(
     h: Harness, source: LosingOneReply | RetryingAfterALostReply
 ) -> None:
     """Run the loop on `source`: job-1's seq 1 is read with a lost reply, then seq 2 comes."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(h.consume_loop(source).run(stop))
-    try:
+    async with running(h.consume_loop(source)):
         await eventually(h.groups_ready)
         source.lose_next = True
         h.xadd("job-1", 1)
         await eventually(lambda: not source.lose_next)
         h.xadd("job-1", 2)
         await eventually(lambda: len(h.published_seqs("job-1")) >= 2, timeout_s=2.0)
-    finally:
-        stop.set()
-        async with asyncio.timeout(5.0):
-            await task
 
 
 class TestLostReadReply:
     async def test_entries_read_with_a_lost_reply_are_routed_before_newer_ones(self) -> None:
         h = Harness()
-        source = LosingOneReply(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        source = source_of(h, LosingOneReply)
         await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
 
         assert h.published_seqs("job-1") == [1, 2]
         assert h.pending() == {}
 
 
-class RetryingAfterALostReply(InMemoryEventSource):
+class RetryingAfterALostReply(ReadThroughSource):
     """Like a client that retries a read whose reply was lost: the entries the first attempt
     took are pending to this consumer, and the caller gets only the second attempt's."""
 
     lose_next = False
 
-    async def read_new(
-        self,
-        after: Mapping[str, str],
-        *,
-        count: int,
-        acks: Sequence[Delivery] = (),
-        block_ms: int = 0,
-        look_behind: bool = True,
-    ) -> ReadBatch:
-        first = await super().read_new(
-            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+    async def around_read(self, read: Read) -> ReadBatch:
+        first = await read.send()
         if not (self.lose_next and first.deliveries):
             return first
         # The reply of the attempt that took entries is lost; the retry reads on.
         self.lose_next = False
-        return await super().read_new(
-            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+        return await read.send()
 
 
 class TestRetriedRead:
     async def test_what_the_lost_attempt_took_is_routed_before_what_the_retry_read(self) -> None:
         h = Harness()
-        source = RetryingAfterALostReply(
-            h.streams, families=[h.family], group=GROUP, consumer=h.consumer
-        )
+        source = source_of(h, RetryingAfterALostReply)
         await seq_1_read_with_a_lost_reply_then_seq_2(h, source)
 
         assert h.published_seqs("job-1") == [1, 2]
         assert h.pending() == {}
 
 
-class RecordingSource(InMemoryEventSource):
+class RecordingSource(ReadThroughSource):
     """Notes, for each read that brought entries, whether it looked behind and how many
     entries it brought."""
 
@@ -763,21 +726,11 @@ class RecordingSource(InMemoryEventSource):
         self.reads: list[tuple[bool, int]] = []
         self.calls: list[bool] = []  # whether each read, entries or not, looked behind
 
-    async def read_new(
-        self,
-        after: Mapping[str, str],
-        *,
-        count: int,
-        acks: Sequence[Delivery] = (),
-        block_ms: int = 0,
-        look_behind: bool = True,
-    ) -> ReadBatch:
-        self.calls.append(look_behind)
-        batch = await super().read_new(
-            after, count=count, acks=acks, block_ms=block_ms, look_behind=look_behind
-        )
+    async def around_read(self, read: Read) -> ReadBatch:
+        self.calls.append(read.look_behind)
+        batch = await read.send()
         if batch.deliveries:
-            self.reads.append((look_behind, len(batch.deliveries)))
+            self.reads.append((read.look_behind, len(batch.deliveries)))
         return batch
 
 
@@ -786,10 +739,8 @@ class TestWhichReadsLookBehind:
         self,
     ) -> None:
         h = Harness()
-        source = RecordingSource(h.streams, families=[h.family], group=GROUP, consumer=h.consumer)
+        source = source_of(h, RecordingSource)
         job, busy = "job-1", LOOK_BEHIND_AFTER_ENTRIES
-        stop = asyncio.Event()
-        task = asyncio.create_task(h.consume_loop(source).run(stop))
 
         async def route(*events: tuple[str, int]) -> None:
             for job_id, seq in events:
@@ -797,7 +748,7 @@ class TestWhichReadsLookBehind:
             for job_id, seq in events:
                 await eventually(lambda j=job_id, s=seq: s in h.published_seqs(j))
 
-        try:
+        async with running(h.consume_loop(source)):
             await eventually(h.groups_ready)
             # The first read looks behind; the ones after it, within the second, do not.
             await eventually(lambda: source.calls[:1] == [True] and False in source.calls)
@@ -812,10 +763,6 @@ class TestWhichReadsLookBehind:
             # passed had decided not to; the next one does).
             await eventually(lambda: True in source.calls[before_the_second:])
             await route((job, 5 + busy))
-        finally:
-            stop.set()
-            async with asyncio.timeout(5.0):
-                await task
 
         assert source.reads[:5] == [
             (False, 1),

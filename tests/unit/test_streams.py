@@ -11,6 +11,7 @@ from eco_router.domain.errors import DomainError, InvalidStreamName
 from eco_router.domain.streams import (
     SLOTS,
     StreamFamily,
+    families_by_stream,
     hash_tag,
     key_slot,
     shard_for,
@@ -86,6 +87,20 @@ class TestStreamFamily:
         for job_id in JOB_IDS:
             assert family.stream_for(job_id) == f"scan:events:{md5_shard(job_id, shards)}"
             assert family.stream_for(job_id) in family.streams
+
+
+class TestFamiliesByStream:
+    def test_every_shard_maps_to_its_family_in_order(self) -> None:
+        scan, chat = StreamFamily("scan:events", 2), StreamFamily("chat:events", 2, tagged=True)
+
+        by_stream = families_by_stream([scan, chat])
+
+        assert list(by_stream) == [*scan.streams, *chat.streams]
+        assert {by_stream[s] for s in scan.streams} == {scan}
+        assert {by_stream[s] for s in chat.streams} == {chat}
+
+    def test_no_families_map_no_stream(self) -> None:
+        assert families_by_stream([]) == {}
 
 
 class TestShardOf:

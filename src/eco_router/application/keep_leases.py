@@ -13,7 +13,7 @@ from eco_router.application.port_values import GroupView
 from eco_router.application.ports import Clock, LeaseStore, RouterMetrics
 from eco_router.application.router_health import RouterHealth
 from eco_router.domain.ownership import moves_for
-from eco_router.domain.streams import StreamFamily, shard_of
+from eco_router.domain.streams import StreamFamily, families_by_stream, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class KeepLeases:
         self._leases = leases
         self._held = held
         self._router = router
-        self._family_of = {s: f for f in families for s in f.streams}
+        self._family_of = families_by_stream(families)
         self._shards = list(self._family_of)
         self._metrics = metrics
         self._clock = clock

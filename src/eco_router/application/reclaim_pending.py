@@ -12,7 +12,7 @@ from eco_router.application.port_values import Delivery
 from eco_router.application.ports import Broadcaster, Clock, EventSource, RouterMetrics
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.router_health import RouterHealth
-from eco_router.domain.streams import shard_of
+from eco_router.domain.streams import families_by_stream, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ReclaimPending:
         self._clock = clock
         self._min_idle_ms = min_idle_ms
         self._page_size = page_size
-        self._family_of = {s: f for f in source.families for s in f.streams}
+        self._family_of = families_by_stream(source.families)
         self._health = health or RouterHealth(
             clock=clock, metrics=metrics, families=source.families
         )

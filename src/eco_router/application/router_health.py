@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from eco_router.application.errors import PermanentError
 from eco_router.application.ports import Clock, HealthMetrics
-from eco_router.domain.streams import StreamFamily, shard_of
+from eco_router.domain.streams import StreamFamily, families_by_stream, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class RouterHealth:
         self._idle_check = idle_check
         self._clock = clock
         self._metrics = metrics
-        self._family_of = {s: f for f in families for s in f.streams}
+        self._family_of = families_by_stream(families)
         self._retry_s = quarantine_retry_s
         self._quarantined: dict[str, Quarantined] = {}
         self._troubles: dict[str, str] = {}

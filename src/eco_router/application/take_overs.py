@@ -11,7 +11,7 @@ from eco_router.application.port_values import Delivery
 from eco_router.application.ports import Clock, EventSource, RouterMetrics
 from eco_router.application.router_health import RouterHealth
 from eco_router.domain.event import StreamEntryId
-from eco_router.domain.streams import shard_of
+from eco_router.domain.streams import families_by_stream, shard_of
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class TakeOvers:
         self._metrics = metrics
         self._clock = clock
         self._page_size = page_size
-        self._family_of = {s: f for f in source.families for s in f.streams}
+        self._family_of = families_by_stream(source.families)
         self._finishing: set[str] = set()  # the last page is claimed; done once it settles
 
     async def claim(self, stream: str) -> tuple[Sequence[Delivery], int]:

@@ -6,6 +6,7 @@ import binascii
 import functools
 import hashlib
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from eco_router.domain.errors import InvalidStreamName
@@ -43,6 +44,11 @@ class StreamFamily:
 
     def stream_for(self, job_id: str) -> str:
         return self.streams[shard_for(job_id, self.shards)]
+
+
+def families_by_stream(families: Iterable[StreamFamily]) -> dict[str, StreamFamily]:
+    """Each shard stream of `families` with its family, in the families' and shards' order."""
+    return {stream: family for family in families for stream in family.streams}
 
 
 def shard_for(job_id: str, shards: int) -> int:

@@ -20,7 +20,7 @@ from eco_router.application.port_values import (
 )
 from eco_router.application.ports import EventSource
 from eco_router.domain.event import StreamEntryId
-from eco_router.domain.streams import StreamFamily, shard_of
+from eco_router.domain.streams import StreamFamily, families_by_stream, shard_of
 
 
 class InMemoryEventSource(EventSource):
@@ -46,7 +46,7 @@ class InMemoryEventSource(EventSource):
         self._families = tuple(families)
         self._group = group
         self._consumer = consumer
-        self._family_of = {s: f for f in self._families for s in f.streams}
+        self._family_of = families_by_stream(self._families)
 
     @property
     def families(self) -> tuple[StreamFamily, ...]:

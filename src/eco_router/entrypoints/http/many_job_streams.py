@@ -11,13 +11,8 @@ from eco_router.application.ports import AdminAuthorizer, Authorizer
 from eco_router.application.stream_many_jobs import StreamManyJobs
 from eco_router.domain.errors import DomainError
 from eco_router.domain.job_set import Job, JobSet, read_stream_id
-from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
-from eco_router.entrypoints.http.frame_writer import FRAME_WRITER
-from eco_router.entrypoints.http.sse_responses import (
-    JOB_ID,
-    ClosingStreamingResponse,
-    bearer_token,
-)
+from eco_router.entrypoints.http.client_streams import ClientStreams
+from eco_router.entrypoints.http.sse_responses import JOB_ID, bearer_token, streaming_response
 
 # What an error quotes of a client's input, at most.
 _QUOTED_CHARS = 40
@@ -56,25 +51,9 @@ async def many_jobs_stream(
         positions = read_stream_id(job_set, value) if value else [None] * len(job_set)
     except DomainError as error:
         raise HTTPException(422, str(error)) from error
-    client = hold_stream(request, client_streams)
-    try:
-        opened = await stream.open(job_set, positions)
-    except BaseException:
-        client_streams.release(client)
-        raise
-    if opened is None:
-        client_streams.release(client)
-        return Response(status_code=204)
-    writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
-    opened.writer = writer
-
-    async def close() -> None:
-        try:
-            await opened.aclose()
-        finally:
-            client_streams.release(client)
-
-    return ClosingStreamingResponse(opened, close=close, writer=writer)
+    return await streaming_response(
+        request, client_streams, lambda: stream.open(job_set, positions)
+    )
 
 
 def parse_jobs(named: list[str], *, domains: tuple[str, ...], max_jobs: int) -> list[Job]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Protocol
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from eco_router.application.ports import Authorizer
+from eco_router.application.ports import Authorizer, FrameWriter
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.client_streams import ClientStreams, hold_stream
 from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
@@ -60,12 +61,38 @@ async def job_event_stream(
     authorizer.authorize(bearer_token(request, cookie), job_id, domain=domain)
     if await stream.already_ended(domain, job_id, after):
         return Response(status_code=204)
+    return await streaming_response(
+        request, client_streams, lambda: stream.open(domain, job_id, after)
+    )
+
+
+class OpenStream(Protocol):
+    """A stream opened for one response: its frames, the writer of its live frames, its end."""
+
+    writer: FrameWriter | None
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def streaming_response(
+    request: Request,
+    client_streams: ClientStreams,
+    open_stream: Callable[[], Awaitable[OpenStream | None]],
+) -> Response:
+    """Hold one stream of the client's address (429 past its cap), open the stream and
+    stream it; the hold ends when the stream does, however the response ends. A stream that
+    opens to None has nothing to send: 204 No Content."""
     client = hold_stream(request, client_streams)
     try:
-        opened = await stream.open(domain, job_id, after)
+        opened = await open_stream()
     except BaseException:
         client_streams.release(client)
         raise
+    if opened is None:
+        client_streams.release(client)
+        return Response(status_code=204)
     writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
     opened.writer = writer
 
