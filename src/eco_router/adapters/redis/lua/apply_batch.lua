@@ -9,19 +9,22 @@
 --       run being written and where it began, the closed runs "node\tstart\tend\n"...) and
 --       the text itself.
 -- ARGV: state_ttl_s, markers_ttl_s, history_size, history_max_bytes, the consumer group,
---       text_max_bytes, number of shards, then per shard three values: its token, and where
---       its read began (exclusive, "(<id>") and the consumer that read it, or two empty
---       strings when there is no read to check; then the first entry each read brought, one
---       per shard ("" when none); then each job's shard (1-based), then one value per event:
---       a line "<job index> <kind> <seq> <entry id>" (a token's: "... <attempt> <node>", the
---       node "" when none) and after its newline the payload (a stage or lifecycle event) or
---       the content (a token). The job index is 1-based into the key quintuples; the kind is
---       "s" a stage event, "e" a terminal one, "t" a token, "l" a lifecycle event, whose seq
---       is its marker's name "<stage>:<seq>". One value per event, not one per field: the
---       server and the client handle a sixth of the arguments. A job's events arrive in
---       judging order (each kind in seq order); jobs may interleave. A lifecycle event is
---       judged by its marker alone (never stale, making nothing stale), goes to the history
---       with the next event id and leaves the state (the latest stage event) as it was.
+--       text_max_bytes, number of shards, then per shard one value: its token, followed,
+--       when there is a read to check, by " (<id> <first> <consumer>": where the read began
+--       (exclusive), the first entry it brought and the consumer that read it; then each
+--       job's shard (1-based); then one value of every event's line, each ending in a
+--       newline: "<job index> <kind> <seq> <entry id>" (a token's: "... <attempt> <node>",
+--       the node "" when none); then one value per event, in the lines' order: the payload
+--       without its opening brace (a stage or lifecycle event), or the content (a token).
+--       The job index is 1-based into the key quintuples; the kind is "s" a stage event, "e"
+--       a terminal one, "t" a token, "l" a lifecycle event, whose seq is its marker's name
+--       "<stage>:<seq>". The fields travel in one value, not one per field: the server and
+--       the client handle a fraction of the arguments, and the payload comes as its own
+--       value, ready to follow a stamp, so that the script copies it once. A job's events
+--       arrive in judging order (each kind in seq order); jobs may interleave. A lifecycle
+--       event is judged by its marker alone (never stale, making nothing stale), goes to
+--       the history with the next event id and leaves the state (the latest stage event) as
+--       it was.
 -- Returns {codes, fenced shards, gap shards, stamps}: one character per event, "0" new and
 -- applied, "1" new but applied earlier by this same entry (publish again), "2" duplicate,
 -- "3" stale, "5" new but applied earlier by another entry the stream never held (publish
@@ -52,9 +55,8 @@ local RENEW_EVERY = math.min(60, math.floor(tonumber(state_ttl) / 10))
 local history_ttl = string.format('%d', tonumber(state_ttl) + RENEW_EVERY)
 local kept_markers_ttl = string.format('%d', tonumber(markers_ttl) + RENEW_EVERY)
 local PER_JOB = 5
-local firsts_at = 7 + shards * 3
-local jobs_at = firsts_at + shards
-local events_at = jobs_at + (#KEYS - shards * 2) / PER_JOB + 1
+local jobs_at = 7 + shards
+local lines_at = jobs_at + (#KEYS - shards * 2) / PER_JOB + 1
 
 local skipped = {}
 local fenced_list = {}
@@ -62,15 +64,16 @@ local gap_list = {}
 -- One MGET for every shard's epoch: a command per shard costs more than the check itself.
 local epochs = redis.call('MGET', unpack(KEYS, 1, shards))
 for shard = 1, shards do
-  local at = 7 + (shard - 1) * 3
-  if (epochs[shard] or '0') ~= ARGV[at + 1] then
+  local given = ARGV[7 + shard]
+  local token, after, read_first, consumer = string.match(given, '^(%S+) (%S+) (%S+) (.*)$')
+  if (epochs[shard] or '0') ~= (token or given) then
     skipped[shard] = true
     fenced_list[#fenced_list + 1] = shard
-  elseif ARGV[at + 2] ~= '' then
+  elseif token then
     -- The first entry pending after where the read began must be the read's own first.
-    local reply = redis.pcall('XPENDING', KEYS[shards + shard], group, ARGV[at + 2], '+', 1)
+    local reply = redis.pcall('XPENDING', KEYS[shards + shard], group, after, '+', 1)
     local first = not reply.err and reply[1]
-    if first and (first[1] ~= ARGV[firsts_at + shard] or first[2] ~= ARGV[at + 3]) then
+    if first and (first[1] ~= read_first or first[2] ~= consumer) then
       skipped[shard] = true
       gap_list[#gap_list + 1] = shard
     end
@@ -101,15 +104,22 @@ local function call(command, key, values, count)
   return last
 end
 
--- Per event (numbered from 1 in the batch's order): its fields, where its body begins and
--- the next event of its job; per job (by its index as given): its first and last event.
-local seq_of, entry_of, kind_of, body_at, next_of = {}, {}, {}, {}, {}
+-- Per event (numbered from 1 in the batch's order): its fields (a token's attempt and node
+-- too) and the next event of its job; per job (by its index as given): its first and last
+-- event.
+local seq_of, entry_of, kind_of, attempt_of, node_of, next_of = {}, {}, {}, {}, {}, {}
 local first_of, last_of = {}, {}
 local jobs = {}
-for n = 1, #ARGV - events_at + 1 do
-  local job, kind, seq, entry, at = string.match(ARGV[events_at + n - 1],
-    '^(%d+) (%a) (%S+) (%S+)()')
-  seq_of[n], entry_of[n], kind_of[n], body_at[n] = seq, entry, kind, at
+local lines = ARGV[lines_at]
+local at = 1
+for n = 1, #ARGV - lines_at do
+  local job, kind, seq, entry, after = string.match(lines, '^(%d+) (%a) (%S+) (%S+)()', at)
+  seq_of[n], entry_of[n], kind_of[n] = seq, entry, kind
+  if kind == 't' then
+    attempt_of[n], node_of[n], at = string.match(lines, '^ (%d+) (%S*)\n()', after)
+  else
+    at = after + 1
+  end
   -- The index's text keys the job: no number is read per event.
   local last = last_of[job]
   if last == nil then
@@ -259,12 +269,13 @@ local function apply_job(job, n)
     local seq = seq_of[n]
     local entry_id = entry_of[n]
     local kind = kind_of[n]
-    local arg = ARGV[events_at + n - 1]
+    -- The payload without its opening brace, or the token's content.
+    local body = ARGV[lines_at + n]
     local code
     if kind == 't' then
-      local attempt, node, content_at = string.match(arg, '^ (%d+) (%S*)\n()', body_at[n])
-      attempt = tonumber(attempt)
-      local content = string.sub(arg, content_at)
+      local attempt = tonumber(attempt_of[n])
+      local node = node_of[n]
+      local content = body
       local seq_n = tonumber(seq)
       local restarts = text.attempt ~= nil and attempt > text.attempt
       if text.attempt ~= nil and attempt < text.attempt then
@@ -371,7 +382,7 @@ local function apply_job(job, n)
           stamp = stamp_of(id_text, last_id_text, extra)
           last_id, last_id_text = id, id_text
           stamps[n] = stamp
-          local payload = '{' .. stamp .. string.sub(arg, body_at[n] + 2)
+          local payload = '{' .. stamp .. body
           payload_count = payload_count + 1
           payloads[payload_count] = payload
           bytes = bytes + #payload
