@@ -208,13 +208,12 @@ local fields, payloads, marks = {}, {}, {}
 -- Per event: its field in the job's HMGET.
 local field_of = {}
 
--- Judge one job's events (from its first, `n`) and apply the new ones with one call per
--- command.
-local function apply_job(job, n)
+-- Judge one job's events (from its first, `n`, read from `stream`) and apply the new ones
+-- with one call per command.
+local function apply_job(job, n, stream)
   local base = shards * 2 + (job - 1) * PER_JOB
   local state_key, history, markers = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
   local text_state_key, text_key = KEYS[base + 4], KEYS[base + 5]
-  local stream = KEYS[shards + tonumber(ARGV[jobs_at + job])]
   fields[1], fields[2], fields[3], fields[4] = 'last', 'history_bytes', 'renewed', 'last_id'
   local field_count = 4
   local with_text = false
@@ -491,8 +490,9 @@ local function apply_job(job, n)
       if payload_count == 0 then
         redis.call('EXPIRE', history, history_ttl)
       end
-      if not text_changed then
-        redis.call('EXPIRE', text_state_key, history_ttl)
+      -- A text exists only with its hash (both expire at the same moment): a job without
+      -- one (most) costs one command.
+      if not text_changed and redis.call('EXPIRE', text_state_key, history_ttl) == 1 then
         redis.call('EXPIRE', text_key, history_ttl)
       end
     end
@@ -502,13 +502,14 @@ end
 for _, job in ipairs(jobs) do
   local n = first_of[job]
   job = tonumber(job)
-  if skipped[tonumber(ARGV[jobs_at + job])] then
+  local shard = tonumber(ARGV[jobs_at + job])
+  if skipped[shard] then
     while n do
       codes[n] = '4'
       n = next_of[n]
     end
   else
-    apply_job(job, n)
+    apply_job(job, n, KEYS[shards + shard])
   end
 end
 
