@@ -12,7 +12,7 @@
 --       text_max_bytes, number of shards, then per shard one value: its token, followed,
 --       when there is a read to check, by " (<id> <first> <consumer>": where the read began
 --       (exclusive), the first entry it brought and the consumer that read it; then each
---       job's shard (1-based); then one value of every event's line, each ending in a
+--       job's shard (1-based); then one value holding every event's line, each ending in a
 --       newline: "<job index> <kind> <seq> <entry id>" (a token's: "... <attempt> <node>",
 --       the node "" when none); then one value per event, in the lines' order: the payload
 --       without its opening brace (a stage or lifecycle event), or the content (a token).
@@ -39,7 +39,7 @@
 -- does not grow with the number of its events in the batch. The TTLs are renewed at most
 -- once per RENEW_EVERY seconds (and kept that much longer), not per batch: each key lives
 -- at least its TTL after the job's last event, up to RENEW_EVERY longer.
--- The server's cost is mostly the interpreter's own: every string made is hashed and
+-- Much of the server's cost is the interpreter's own: every string made is hashed and
 -- interned, every table allocated and later swept. So the common path makes as few of
 -- either as it can: scratch tables reused from job to job, numbers kept beside their text
 -- instead of formatted again, one string per stamp.
