@@ -43,6 +43,10 @@
 -- interned, every table allocated and later swept. So the common path makes as few of
 -- either as it can: scratch tables reused from job to job, numbers kept beside their text
 -- instead of formatted again, one string per stamp.
+-- The library functions the script calls most, as locals: a global is a table lookup by name
+-- at each use.
+local match, format, concat = string.match, string.format, table.concat
+local redis_call, tonumber, unpack = redis.call, tonumber, unpack
 local state_ttl = ARGV[1]
 local markers_ttl = ARGV[2]
 local history_size = tonumber(ARGV[3])
@@ -52,8 +56,8 @@ local text_max_bytes = tonumber(ARGV[6])
 local shards = tonumber(ARGV[7])
 local RENEW_EVERY = math.min(60, math.floor(tonumber(state_ttl) / 10))
 -- Numbers given to redis.call as strings: Lua would format each one again per call.
-local history_ttl = string.format('%d', tonumber(state_ttl) + RENEW_EVERY)
-local kept_markers_ttl = string.format('%d', tonumber(markers_ttl) + RENEW_EVERY)
+local history_ttl = format('%d', tonumber(state_ttl) + RENEW_EVERY)
+local kept_markers_ttl = format('%d', tonumber(markers_ttl) + RENEW_EVERY)
 local PER_JOB = 5
 local jobs_at = 7 + shards
 local lines_at = jobs_at + (#KEYS - shards * 2) / PER_JOB + 1
@@ -62,10 +66,10 @@ local skipped = {}
 local fenced_list = {}
 local gap_list = {}
 -- One MGET for every shard's epoch: a command per shard costs more than the check itself.
-local epochs = redis.call('MGET', unpack(KEYS, 1, shards))
+local epochs = redis_call('MGET', unpack(KEYS, 1, shards))
 for shard = 1, shards do
   local given = ARGV[7 + shard]
-  local token, after, read_first, consumer = string.match(given, '^(%S+) (%S+) (%S+) (.*)$')
+  local token, after, read_first, consumer = match(given, '^(%S+) (%S+) (%S+) (.*)$')
   if (epochs[shard] or '0') ~= (token or given) then
     skipped[shard] = true
     fenced_list[#fenced_list + 1] = shard
@@ -86,12 +90,12 @@ local CHUNK = 1000
 -- replies of a command answering lists, else the last reply.
 local function call(command, key, values, count)
   if count <= CHUNK then
-    return redis.call(command, key, unpack(values, 1, count))
+    return redis_call(command, key, unpack(values, 1, count))
   end
   local replies = {}
   local last
   for first = 1, count, CHUNK do
-    last = redis.call(command, key, unpack(values, first, math.min(first + CHUNK - 1, count)))
+    last = redis_call(command, key, unpack(values, first, math.min(first + CHUNK - 1, count)))
     if type(last) == 'table' then
       for _, value in ipairs(last) do
         replies[#replies + 1] = value
@@ -113,10 +117,10 @@ local jobs = {}
 local lines = ARGV[lines_at]
 local at = 1
 for n = 1, #ARGV - lines_at do
-  local job, kind, seq, entry, after = string.match(lines, '^(%d+) (%a) (%S+) (%S+)()', at)
+  local job, kind, seq, entry, after = match(lines, '^(%d+) (%a) (%S+) (%S+)()', at)
   seq_of[n], entry_of[n], kind_of[n] = seq, entry, kind
   if kind == 't' then
-    attempt_of[n], node_of[n], at = string.match(lines, '^ (%d+) (%S*)\n()', after)
+    attempt_of[n], node_of[n], at = match(lines, '^ (%d+) (%S*)\n()', after)
   else
     at = after + 1
   end
@@ -138,7 +142,7 @@ local now, now_text
 -- The server's time in seconds, asked once per call.
 local function now_s()
   if now == nil then
-    now_text = redis.call('TIME')[1]
+    now_text = redis_call('TIME')[1]
     now = tonumber(now_text)
   end
   return now
@@ -146,8 +150,8 @@ end
 
 -- Stream ids compare as two numbers, milliseconds then sequence.
 local function id_after(a, b)
-  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
-  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
+  local a_ms, a_seq = match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = match(b, '^(%d+)-(%d+)$')
   if not a_ms or not b_ms then
     return false
   end
@@ -159,7 +163,7 @@ end
 -- deleted as far (XDEL), and it is not before the first entry (trimmed). An entry removed
 -- after its publish is not lost.
 local function never_held(stream, id)
-  if #redis.call('XRANGE', stream, id, id) > 0 then
+  if #redis_call('XRANGE', stream, id, id) > 0 then
     return false
   end
   local info = redis.pcall('XINFO', 'STREAM', stream)
@@ -179,7 +183,7 @@ end
 
 -- Integers as Lua prints them without an exponent (ids stay below 2^53).
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- The fields put first in an event's JSON, as one string: its id, the job's id before it
@@ -194,10 +198,10 @@ end
 -- Writes the tokens appended so far, so that a check of the text sees them.
 local function flush_text(text, text_key)
   if text.reset then
-    redis.call('SET', text_key, table.concat(text.parts), 'EX', state_ttl)
+    redis_call('SET', text_key, concat(text.parts), 'EX', state_ttl)
     text.reset = false
   elseif #text.parts > 0 then
-    redis.call('APPEND', text_key, table.concat(text.parts))
+    redis_call('APPEND', text_key, concat(text.parts))
   end
   text.parts = {}
 end
@@ -243,7 +247,7 @@ local function apply_job(job, n, stream)
 
   local text
   if with_text then
-    local t = redis.call('HMGET', text_state_key, 'attempt', 'seq', 'bytes', 'full', 'node',
+    local t = redis_call('HMGET', text_state_key, 'attempt', 'seq', 'bytes', 'full', 'node',
       'run_at', 'runs')
     text = {
       attempt = tonumber(t[1]),
@@ -328,7 +332,7 @@ local function apply_job(job, n, stream)
       end
       local by, stamp
       if marker then
-        by, stamp = string.match(marker, '^(%S+) (.*)$')
+        by, stamp = match(marker, '^(%S+) (.*)$')
         if by == nil then
           -- A marker written before stamps: the entry alone, and its seq was its id.
           by, stamp = marker, '"event_id":' .. seq .. ','
@@ -372,7 +376,7 @@ local function apply_job(job, n, stream)
             extra = ''
             if kind == 'e' and text.attempt ~= nil then
               flush_text(text, text_key)
-              local whole = redis.call('GET', text_key) or ''
+              local whole = redis_call('GET', text_key) or ''
               extra = '"text_check":{"bytes":' .. #whole .. ',"sha1":"'
                 .. redis.sha1hex(whole) .. '","truncated":' .. (text.full and 'true' or 'false')
                 .. '},'
@@ -416,24 +420,24 @@ local function apply_job(job, n, stream)
       t[#t + 1] = 'entry'
       t[#t + 1] = text.entry
     end
-    redis.call('HSET', text_state_key, unpack(t))
+    redis_call('HSET', text_state_key, unpack(t))
     if restarted and not text.id then
       -- No token of the new attempt was written: the old attempt's last one is not its.
-      redis.call('HDEL', text_state_key, 'id', 'entry')
+      redis_call('HDEL', text_state_key, 'id', 'entry')
     end
     -- A text written anew expires with its hash: a hash without its text would count bytes
     -- the text no longer has.
     if due or text.created or restarted then
-      redis.call('EXPIRE', text_state_key, history_ttl)
-      redis.call('EXPIRE', text_key, history_ttl)
+      redis_call('EXPIRE', text_state_key, history_ttl)
+      redis_call('EXPIRE', text_key, history_ttl)
     end
   end
 
   if state_payload then
-    redis.call('SET', state_key, state_payload, 'EX', state_ttl)
+    redis_call('SET', state_key, state_payload, 'EX', state_ttl)
   elseif payload_count > 0 and due then
     -- Lifecycle events alone: the state stays, and lives as long as the history.
-    redis.call('EXPIRE', state_key, history_ttl)
+    redis_call('EXPIRE', state_key, history_ttl)
   end
   if payload_count > 0 then
     local length = call('RPUSH', history, payloads, payload_count)
@@ -444,28 +448,28 @@ local function apply_job(job, n, stream)
       else
         -- A history written before its bytes were counted: count it once.
         bytes = 0
-        for _, payload in ipairs(redis.call('LRANGE', history, 0, -1)) do
+        for _, payload in ipairs(redis_call('LRANGE', history, 0, -1)) do
           bytes = bytes + #payload
         end
       end
     end
     -- Only what is dropped is read, so the cost follows what was appended, not the history.
     if length > history_size then
-      local dropped = redis.call('LRANGE', history, 0, length - history_size - 1)
+      local dropped = redis_call('LRANGE', history, 0, length - history_size - 1)
       for _, payload in ipairs(dropped) do
         bytes = bytes - #payload
       end
-      redis.call('LTRIM', history, -history_size, -1)
+      redis_call('LTRIM', history, -history_size, -1)
       length = history_size
     end
     -- The newest event always stays, however large: the state names it anyway.
     while bytes > history_max_bytes and length > 1 do
-      bytes = bytes - #redis.call('LPOP', history)
+      bytes = bytes - #redis_call('LPOP', history)
       length = length - 1
     end
     if due or created then
       -- A history RPUSH just created has no TTL yet, whenever the markers were renewed.
-      redis.call('EXPIRE', history, history_ttl)
+      redis_call('EXPIRE', history, history_ttl)
     end
     -- `last` stays the seq's own string: Lua would print a large number in exponent form.
     marks[mark_count + 1], marks[mark_count + 2] = 'last', last
@@ -484,16 +488,16 @@ local function apply_job(job, n, stream)
     end
     call('HSET', markers, marks, mark_count)
     if due then
-      redis.call('EXPIRE', markers, kept_markers_ttl)
+      redis_call('EXPIRE', markers, kept_markers_ttl)
       -- Stage events and tokens share the renewal: the keys of the kind that did not come
       -- are renewed with it, or they would expire while the job goes on.
       if payload_count == 0 then
-        redis.call('EXPIRE', history, history_ttl)
+        redis_call('EXPIRE', history, history_ttl)
       end
       -- A text exists only with its hash (both expire at the same moment): a job without
       -- one (most) costs one command.
-      if not text_changed and redis.call('EXPIRE', text_state_key, history_ttl) == 1 then
-        redis.call('EXPIRE', text_key, history_ttl)
+      if not text_changed and redis_call('EXPIRE', text_state_key, history_ttl) == 1 then
+        redis_call('EXPIRE', text_key, history_ttl)
       end
     end
   end
@@ -516,4 +520,4 @@ end
 for n = 1, #codes do
   stamps[n] = stamps[n] or ''
 end
-return { table.concat(codes), fenced_list, gap_list, stamps }
+return { concat(codes), fenced_list, gap_list, stamps }
