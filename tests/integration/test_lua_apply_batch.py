@@ -51,8 +51,9 @@ CHAT_EPOCH = GroupKeys(GROUP).epoch(CHAT_SHARD)
 # What the script returns per event: one code character each, the fenced and the gap shards'
 # indices, and per event the fields put first in its published JSON.
 ScriptReply = tuple[bytes, list[int], list[int], list[bytes]]
-# One event as the script takes it: a line of its fields, then its body.
-ScriptEvent = bytes
+# One event as the script takes it: a line of its fields, and its body (a payload without
+# its opening brace, or a token's content).
+ScriptEvent = tuple[str, bytes]
 
 
 async def make_store(
@@ -166,15 +167,16 @@ def sha1(text: bytes) -> str:
 def stage_args(
     job: int, seq: int, n: int, payload: bytes, *, terminal: bool = False
 ) -> ScriptEvent:
-    """The script's value for stage event `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return f"{job} {'e' if terminal else 's'} {seq} {entry_id(n)}\n".encode() + payload
+    """The script's line and body for stage event `seq` of its `job`-th job, entry
+    `entry_id(n)`."""
+    return f"{job} {'e' if terminal else 's'} {seq} {entry_id(n)}\n", payload[1:]
 
 
 def token_args(
     job: int, seq: int, n: int, content: str, *, attempt: int = 0, node: str = ""
 ) -> ScriptEvent:
-    """The script's value for token `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return f"{job} t {seq} {entry_id(n)} {attempt} {node}\n{content}".encode()
+    """The script's line and body for token `seq` of its `job`-th job, entry `entry_id(n)`."""
+    return f"{job} t {seq} {entry_id(n)} {attempt} {node}\n", content.encode()
 
 
 async def call_script(
@@ -198,13 +200,12 @@ async def call_script(
         GROUP,
     ]
     args += [text_max_bytes, len(shards)]
-    for _, held_with in shards:
-        args += [held_with, "", ""]  # the token, and no read to check
-    args += [""] * len(shards)  # nor a first entry per read
+    args += [held_with for _, held_with in shards]  # the token, and no read to check
     for job, shard in jobs:
         keys += [job.state, job.history, job.markers, job.text_state, job.text]
         args.append(shard)
-    args += events
+    args.append("".join(line for line, _ in events))
+    args += [body for _, body in events]
     codes, fenced, gaps, stamps = await script(keys=keys, args=args)
     return codes, fenced, gaps, stamps
 

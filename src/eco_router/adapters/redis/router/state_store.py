@@ -133,11 +133,15 @@ class RedisLuaStateStore(StateStore):
         keys += shards
         args: list[str | int | bytes] = [*self._head, len(shards)]
         for stream, token in fence.items():
+            # A shard's token, and where its read began, what it brought first and who read it.
             start = starts.get(stream)
-            args += (token, f"({start.after}", start.consumer) if start else (token, "", "")
-        args += [start.first if (start := starts.get(stream)) else "" for stream in shards]
+            checked = f"{token} ({start.after} {start.first} {start.consumer}" if start else token
+            args.append(checked)
         job_index: dict[tuple[str, str], int] = {}
-        event_args: list[str | int | bytes] = []
+        # The events' fields in one value, each payload in its own without its opening brace:
+        # the script puts the stamp before it with one copy.
+        lines: list[str] = []
+        bodies: list[str | int | bytes] = []
         for item in events:
             event = item.event
             if event.stream not in shard_index:
@@ -147,22 +151,22 @@ class RedisLuaStateStore(StateStore):
                 index = job_index[event.job_key] = len(job_index) + 1
                 keys += _apply_keys(event.domain, event.job_id, event.stream)
                 args.append(shard_index[event.stream])
-            # One argument per event: a line of its fields, then its body.
             if event.is_token:
-                head = (
+                lines.append(
                     f"{index} t {event.seq} {event.stream_id} {event.attempt} {event.node or ''}\n"
                 )
-                event_args.append(head.encode() + event.content.encode())
+                bodies.append(event.content.encode())
             elif event.is_lifecycle:
-                head = f"{index} l {event.lifecycle_marker} {event.stream_id}\n"
-                event_args.append(head.encode() + item.payload)
+                lines.append(f"{index} l {event.lifecycle_marker} {event.stream_id}\n")
+                bodies.append(item.payload[1:])
             else:
                 kind = "e" if event.is_terminal else "s"
-                head = f"{index} {kind} {event.seq} {event.stream_id}\n"
-                event_args.append(head.encode() + item.payload)
+                lines.append(f"{index} {kind} {event.seq} {event.stream_id}\n")
+                bodies.append(item.payload[1:])
+        args.append("".join(lines))
         with redis_errors("apply batch"):
             codes, fenced, gaps, stamps = await self._replica_wait.call(
-                self._redis, self._script, keys, args + event_args, trips=self._trips
+                self._redis, self._script, keys, args + bodies, trips=self._trips
             )
         judged = iter([_JUDGEMENTS.get(code) for code in codes])
         stamped = iter([s or None for s in stamps])
