@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
@@ -59,10 +58,12 @@ class HeldConnection:
     Through the pool a pipeline costs the client about twice its round trip (a checkout that
     probes the socket, per-command observability hooks, the release). Here the commands a
     redis-py pipeline queued are packed, sent and their replies parsed by redis-py itself, on
-    the kept connection, with the connection's own retry (as the pipeline would). A round
-    trip interrupted midway (a timeout, a cancellation, a dropped connection) disconnects it,
-    so no late reply is read as the next one's; the next round trip connects again (behind
-    Sentinel: to the master of the moment). The client's `aclose()` closes it.
+    the kept connection, with the connection's own retry (as the pipeline would); a reply
+    redis-py would hand back as it came (EVALSHA's, XACK's) is read straight from the
+    connection, and a lone script call builds no pipeline. A round trip interrupted midway
+    (a timeout, a cancellation, a dropped connection) disconnects it, so no late reply is
+    read as the next one's; the next round trip connects again (behind Sentinel: to the
+    master of the moment). The client's `aclose()` closes it.
 
     The connection's socket timeout bounds the whole round trip, once, instead of redis-py
     arming one per reply and running each send in a task of its own; and it does no health
@@ -76,15 +77,20 @@ class HeldConnection:
         self._connection: AbstractConnection | None = None
         self._timeout_s: float | None = None
         self._lock = asyncio.Lock()
+        # Per command name, whether its reply is read straight from the connection (`_plain`).
+        self._plain: dict[str, bool] = {}
 
     async def execute(self, pipe: Any) -> list[Any]:
         commands = pipe.command_stack
         if not commands:
             return []
+        return await self._execute(commands, pipe)
+
+    async def _execute(self, commands: list[Any], parser: Redis) -> list[Any]:
         async with self._lock:
             connection = self._connection or await self._take_connection()
             replies: list[Any] = await connection.retry.call_with_retry(
-                lambda: _round_trip(connection, pipe, commands, self._timeout_s),
+                lambda: _round_trip(connection, parser, commands, self._timeout_s, self._plain),
                 lambda _error: connection.disconnect(),
             )
             return replies
@@ -109,14 +115,21 @@ class HeldConnection:
         return reply
 
     async def _evalsha(self, script: AsyncScript, keys: Sequence[str], args: Arguments) -> Any:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        (reply,) = await self.execute(pipe)
+        # The command as a pipeline would queue it, without building one for a single command.
+        command: tuple[tuple[Any, ...], dict[str, Any]] = (
+            ("EVALSHA", script.sha, len(keys), *keys, *args),
+            {},
+        )
+        (reply,) = await self._execute([command], self._client)
         return reply
 
 
 async def _round_trip(
-    connection: AbstractConnection, pipe: Pipeline, commands: list[Any], timeout_s: float | None
+    connection: AbstractConnection,
+    parser: Redis,
+    commands: list[Any],
+    timeout_s: float | None,
+    plain: dict[str, bool],
 ) -> list[Any]:
     try:
         async with asyncio.timeout(timeout_s):
@@ -126,10 +139,15 @@ async def _round_trip(
                 await connection.connect()  # type: ignore[no-untyped-call]
             packed = connection.pack_commands([c for c, _ in commands])
             await connection.send_packed_command(packed, check_health=False)
+            callbacks = parser.response_callbacks
             replies: list[Any] = []
             for args, options in commands:
+                name = args[0]
                 try:
-                    replies.append(await pipe.parse_response(connection, args[0], **options))  # type: ignore[arg-type]
+                    if _plain(name, options, callbacks, plain):
+                        replies.append(await connection.read_response())
+                    else:
+                        replies.append(await parser.parse_response(connection, name, **options))  # type: ignore[arg-type]
                 except ResponseError as error:
                     replies.append(error)
             return replies
@@ -139,3 +157,19 @@ async def _round_trip(
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
+
+
+# Commands whose reply redis-py's pipeline reads with bookkeeping of its own (WATCH state).
+_STATEFUL = frozenset({"WATCH", "UNWATCH", "EXEC", "DISCARD"})
+
+
+def _plain(name: str, options: dict[str, Any], callbacks: Any, known: dict[str, bool]) -> bool:
+    """Whether redis-py's parse_response would hand `name`'s reply back as read (no callback,
+    no option that changes the reading, no WATCH state): read straight from the connection,
+    it skips two layers of calls and a case-insensitive lookup per reply."""
+    if options and options.keys() - {"keys"}:
+        return False
+    plain = known.get(name)
+    if plain is None:
+        plain = known[name] = name.upper() not in _STATEFUL and name not in callbacks
+    return plain
