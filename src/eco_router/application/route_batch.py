@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -152,15 +152,19 @@ class RouteBatch:
         if left:
             letters = [x for x in letters if x.delivery.stream not in left]
             deliveries = [d for d in deliveries if d.stream not in left]
-        judged = [(e, j) for e, j in zip(encoded, applied.judgements, strict=True) if j]
+        judged: list[tuple[EncodedEvent, Judgement]] = []
         # What is published carries the fields the store gave it (its event id...).
         to_broadcast: list[EncodedEvent] = []
+        stamps = applied.stamps
         for n, (item, judgement) in enumerate(zip(encoded, applied.judgements, strict=True)):
-            if judgement is not None and judgement.publish:
-                fields = applied.stamp_of(n)
-                payload = stamped(item.payload, fields) if fields else item.payload
-                to_broadcast.append(EncodedEvent(item.event, payload))
-        for item, judgement in judged:
+            if judgement is None:
+                continue
+            judged.append((item, judgement))
+            if judgement.publish:
+                fields = stamps[n] if n < len(stamps) else None
+                to_broadcast.append(
+                    EncodedEvent(item.event, stamped(item.payload, fields)) if fields else item
+                )
             if judgement.fills:
                 log.warning(
                     "the text of %s job %s is full (EVENT_ROUTER_TEXT_MAX_BYTES): its later "
@@ -192,8 +196,11 @@ class RouteBatch:
                     letter.reason.value,
                     letter.detail,
                 )
-        unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
-        settled = [d for d in deliveries if (d.stream, d.entry_id) not in unsettled]
+        if result.unsettled:
+            unsettled = {(d.stream, d.entry_id) for d in result.unsettled}
+            settled = [d for d in deliveries if (d.stream, d.entry_id) not in unsettled]
+        else:
+            settled = list(deliveries)
         if ack:
             await self._source.ack(settled)
         else:
@@ -217,6 +224,9 @@ class RouteBatch:
         # entry left before them must come first.
         writing.update(in_order)
         unheld = frozenset(s for s in writing if s not in fence)
+        if not unheld:
+            # Every shard written is held (the everyday batch): the store's answer as it is.
+            return await self._store.apply(encoded, {s: fence[s] for s in writing}, in_order)
         if not writing - unheld:
             return Applied([None] * len(encoded), unheld)
         held = [item for item in encoded if item.event.stream not in unheld]
@@ -248,10 +258,14 @@ class RouteBatch:
 
     def _report_published(self, published: Sequence[EncodedEvent]) -> None:
         now_ms = self._clock.now_ms()
-        latencies: defaultdict[str, list[float]] = defaultdict(list)
+        latencies: dict[str, list[float]] = {}
         for item in published:
-            written_ms = int(item.event.stream_id.partition("-")[0])
-            latencies[item.event.domain].append(float(max(0, now_ms - written_ms)))
+            event = item.event
+            written_ms = int(event.stream_id.partition("-")[0])
+            values = latencies.get(event.domain)
+            if values is None:
+                values = latencies[event.domain] = []
+            values.append(float(max(0, now_ms - written_ms)))
         for domain, values in latencies.items():
             self._metrics.events_published(domain, values)
 
@@ -263,24 +277,29 @@ class RouteBatch:
         deliveries: Sequence[Delivery],
         started: float,
     ) -> None:
-        per_domain: Counter[tuple[str, Verdict]] = Counter()
+        # Plain dicts: a Counter built per batch costs more than the few additions it holds.
+        per_domain: dict[tuple[str, Verdict], int] = {}
         for item, judgement in judged:
-            per_domain[(item.event.domain, judgement.verdict)] += 1
-        dead: Counter[tuple[str, RejectReason]] = Counter()
-        for letter in letters:
-            dead[(letter.delivery.family.domain, letter.reason)] += 1
-            if letter.reason is not RejectReason.MAX_DELIVERIES:
-                per_domain[(letter.delivery.family.domain, Verdict.INVALID)] += 1
-        gone: Counter[tuple[str, int]] = Counter(
-            (d.family.domain, shard_of(d.stream)) for d in deliveries if d.gone
-        )
+            key = (item.event.domain, judgement.verdict)
+            per_domain[key] = per_domain.get(key, 0) + 1
+        if letters:
+            dead: Counter[tuple[str, RejectReason]] = Counter()
+            for letter in letters:
+                dead[(letter.delivery.family.domain, letter.reason)] += 1
+                if letter.reason is not RejectReason.MAX_DELIVERIES:
+                    key = (letter.delivery.family.domain, Verdict.INVALID)
+                    per_domain[key] = per_domain.get(key, 0) + 1
+            for (domain, reason), count in dead.items():
+                self._metrics.dead_lettered(domain, reason, count)
         for (domain, verdict), count in per_domain.items():
             self._metrics.events_judged(domain, verdict, count)
             result.verdicts[verdict] += count
-        for (domain, reason), count in dead.items():
-            self._metrics.dead_lettered(domain, reason, count)
-        for (domain, shard), count in gone.items():
-            self._metrics.trimmed_before_ack(domain, shard, count)
+        if any(d.gone for d in deliveries):
+            gone: Counter[tuple[str, int]] = Counter(
+                (d.family.domain, shard_of(d.stream)) for d in deliveries if d.gone
+            )
+            for (domain, shard), count in gone.items():
+                self._metrics.trimmed_before_ack(domain, shard, count)
         self._metrics.batch_routed(size=len(deliveries), seconds=self._clock.monotonic() - started)
 
 

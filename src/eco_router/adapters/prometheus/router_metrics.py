@@ -127,16 +127,30 @@ class PrometheusRouterMetrics(RouterMetrics):
             registry=registry,
         )
 
+        # The children of the metrics every batch touches, by label values: `labels()` takes
+        # a lock and builds its key on every call.
+        self._judged: dict[tuple[str, Verdict], Counter] = {}
+        self._published_in: dict[str, tuple[Counter, Histogram]] = {}
+
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
         self._batch_seconds.observe(seconds)
 
     def events_judged(self, domain: str, verdict: Verdict, count: int) -> None:
-        self._events.labels(domain, verdict.value).inc(count)
+        judged = self._judged.get((domain, verdict))
+        if judged is None:
+            judged = self._judged[(domain, verdict)] = self._events.labels(domain, verdict.value)
+        judged.inc(count)
 
     def events_published(self, domain: str, latencies_ms: Sequence[float]) -> None:
-        self._published.labels(domain).inc(len(latencies_ms))
-        histogram = self._end_to_end.labels(domain)
+        children = self._published_in.get(domain)
+        if children is None:
+            children = self._published_in[domain] = (
+                self._published.labels(domain),
+                self._end_to_end.labels(domain),
+            )
+        published, histogram = children
+        published.inc(len(latencies_ms))
         for value in latencies_ms:
             histogram.observe(value / 1000)
 
