@@ -78,6 +78,27 @@ async def test_a_round_trip_cancelled_midway_leaves_no_reply_for_the_next(
         assert await held.execute(pipe) == [None, True]
 
 
+async def test_a_round_trip_its_caller_cancels_is_not_taken_for_a_timeout(
+    streams_server: RedisServer,
+) -> None:
+    client, _ = redis_client(streams_server.url, socket_timeout_s=5.0, client_name="test")
+    assert isinstance(client, Redis)
+    held = HeldConnection(client)
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.xread({"s": "$"}, block=5_000)
+            blocked = asyncio.create_task(held.execute(pipe))
+            await _until_blocked(client)
+            blocked.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await blocked
+        # Nor does a deadline left behind cancel what the caller does next.
+        await asyncio.sleep(0)
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
 async def test_a_restarted_server_is_reconnected_to(streams_server: RedisServer) -> None:
     # The router's client: its connections retry once after a connection error.
     client, _ = redis_client(streams_server.url, socket_timeout_s=5, client_name="test")

@@ -4,6 +4,7 @@ through the client's pool (a Redis Cluster)."""
 from __future__ import annotations
 
 import asyncio
+from asyncio import CancelledError
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -77,6 +78,7 @@ class HeldConnection:
         self._connection: AbstractConnection | None = None
         self._timeout_s: float | None = None
         self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Per command name, whether its reply is read straight from the connection (`_plain`).
         self._plain: dict[str, bool] = {}
 
@@ -89,11 +91,56 @@ class HeldConnection:
     async def _execute(self, commands: list[Any], parser: Redis) -> list[Any]:
         async with self._lock:
             connection = self._connection or await self._take_connection()
+            loop = self._loop
+            if loop is None or not connection.is_connected:
+                # A connection works in the loop it was opened in: asked again only then.
+                loop = self._loop = asyncio.get_running_loop()
             replies: list[Any] = await connection.retry.call_with_retry(
-                lambda: _round_trip(connection, parser, commands, self._timeout_s, self._plain),
+                lambda: self._round_trip(connection, parser, commands, loop),
                 lambda _error: connection.disconnect(),
             )
             return replies
+
+    async def _round_trip(
+        self,
+        connection: AbstractConnection,
+        parser: Redis,
+        commands: list[Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> list[Any]:
+        timeout_s = self._timeout_s
+        deadline = None if timeout_s is None else _Deadline(loop, timeout_s)
+        try:
+            try:
+                if not connection.is_connected:
+                    # Its own connect(): behind Sentinel it asks for the master of the moment,
+                    # where sending on a closed connection would reconnect to the last address.
+                    await connection.connect()  # type: ignore[no-untyped-call]
+                packed = connection.pack_commands([c for c, _ in commands])
+                await connection.send_packed_command(packed, check_health=False)
+                callbacks = parser.response_callbacks
+                replies: list[Any] = []
+                for args, options in commands:
+                    name = args[0]
+                    try:
+                        if _plain(name, options, callbacks, self._plain):
+                            replies.append(await connection.read_response())
+                        else:
+                            reply = await parser.parse_response(connection, name, **options)  # type: ignore[arg-type]
+                            replies.append(reply)
+                    except ResponseError as error:
+                        replies.append(error)
+            finally:
+                if deadline is not None:
+                    deadline.disarm()
+        except BaseException as error:
+            await connection.disconnect(nowait=True)
+            if deadline is not None and deadline.expired() and type(error) is CancelledError:
+                raise RedisTimeoutError(f"no reply within {timeout_s} s") from None
+            raise
+        if deadline is not None:
+            deadline.expired()
+        return replies
 
     async def _take_connection(self) -> AbstractConnection:
         pool = self._client.connection_pool
@@ -124,39 +171,36 @@ class HeldConnection:
         return reply
 
 
-async def _round_trip(
-    connection: AbstractConnection,
-    parser: Redis,
-    commands: list[Any],
-    timeout_s: float | None,
-    plain: dict[str, bool],
-) -> list[Any]:
-    try:
-        async with asyncio.timeout(timeout_s):
-            if not connection.is_connected:
-                # Its own connect(): behind Sentinel it asks for the master of the moment,
-                # where sending on a closed connection would reconnect to the last address.
-                await connection.connect()  # type: ignore[no-untyped-call]
-            packed = connection.pack_commands([c for c, _ in commands])
-            await connection.send_packed_command(packed, check_health=False)
-            callbacks = parser.response_callbacks
-            replies: list[Any] = []
-            for args, options in commands:
-                name = args[0]
-                try:
-                    if _plain(name, options, callbacks, plain):
-                        replies.append(await connection.read_response())
-                    else:
-                        replies.append(await parser.parse_response(connection, name, **options))  # type: ignore[arg-type]
-                except ResponseError as error:
-                    replies.append(error)
-            return replies
-    except TimeoutError:
-        await connection.disconnect(nowait=True)
-        raise RedisTimeoutError(f"no reply within {timeout_s} s") from None
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
+class _Deadline:
+    """What `asyncio.timeout()` does for a round trip (cancel its task once the time is up,
+    tell that cancellation from the caller's), given the loop: it asks for the running loop
+    three times, and Python 3.11's `get_running_loop()` makes a `getpid()` system call."""
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("a round trip runs in a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._fired = False
+        self._handle = loop.call_at(loop.time() + timeout_s, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    def disarm(self) -> None:
+        self._handle.cancel()
+
+    def expired(self) -> bool:
+        """Whether it cancelled the task, and no one else did: its own cancellation is taken
+        back, once, as `asyncio.timeout()` takes back its own."""
+        if not self._fired:
+            return False
+        self._fired = False
+        return self._task.uncancel() <= self._cancelling
 
 
 # Commands whose reply redis-py's pipeline reads with bookkeeping of its own (WATCH state).

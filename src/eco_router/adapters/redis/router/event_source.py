@@ -157,13 +157,18 @@ class RedisStreamEventSource(EventSource):
         assert self._reader is not None
         assert self._reader.client is not None
         assert self._reader_trips is not None
-        streams: dict[Any, Any] = dict.fromkeys(after, ">")
         with redis_errors("XREADGROUP"), self._unblocker.blocking(block_ms) as block:
             async with self._reader.client.pipeline(transaction=False) as pipe:
                 acked = self._queue_acks(pipe, acks)
-                # BLOCK 0 would wait for ever: a read woken before it began does not block.
-                pipe.xreadgroup(
-                    self._group, self._consumer, streams, count=count, block=block or None
+                # As redis-py's xreadgroup() writes it, without its checks and lag hook, once a
+                # batch. BLOCK 0 would wait for ever: a read woken before it began does not block.
+                pipe.execute_command(
+                    "XREADGROUP",
+                    *("GROUP", self._group, self._consumer, "COUNT", count),
+                    *(("BLOCK", block) if block else ()),
+                    "STREAMS",
+                    *after,
+                    *(">" for _ in after),
                 )
                 if look_behind:
                     self._look_behind.queue(pipe, after, together=True)
