@@ -20,6 +20,8 @@ OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
 # Trace context passes through to the published event; the reference producer writes the
 # fields empty when it has no span, which would only put "" in front of browsers.
 TRACE_FIELDS = ("traceparent", "tracestate", "trace_id", "span_id")
+# Fields an empty value stands for the absence of.
+_EMPTY_MEANS_ABSENT = (*OPTIONAL_FIELDS, *TRACE_FIELDS)
 # W3C Trace Context: version-trace_id-parent_id-flags, lowercase hex; a future version may
 # append fields after a dash.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -49,9 +51,10 @@ def parse_entry(
             text[raw_name.decode()] = raw_value.decode()
         except UnicodeDecodeError:
             return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
-    for name in (*OPTIONAL_FIELDS, *TRACE_FIELDS):
-        if text.get(name) == "":
-            del text[name]
+    if "" in text.values():
+        for name in _EMPTY_MEANS_ABSENT:
+            if text.get(name) == "":
+                del text[name]
     _keep_valid_trace_context(text)
 
     job_id = text.get("job_id", "")

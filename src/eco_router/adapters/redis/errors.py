@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from typing import Literal
 
 from redis.exceptions import (
     BusyLoadingError,
@@ -85,6 +85,7 @@ _CONNECTION_MODULES = ("redis.connection", "redis.asyncio.connection", "redis._p
 _LOOP_MODULES = ("asyncio.", "uvloop")
 # What a stream, its transport or redis-py's own attributes raise once closed: see below.
 CLOSED_ERRORS: tuple[type[Exception], ...] = (AttributeError, RuntimeError, TypeError)
+_TRANSLATED = _REDIS_ERRORS + CLOSED_ERRORS
 
 
 def closed_under_command(error: BaseException) -> bool:
@@ -147,16 +148,34 @@ def port_error(
     return PermanentError(key, f"{what}: {text}")
 
 
-@contextmanager
 def redis_errors(
     what: str, *, key: str = "", error_type: type[TransientError] = TransientError
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Re-raise redis errors as port errors naming the operation (and the key, if one)."""
-    try:
-        yield
-    except _REDIS_ERRORS as error:
-        raise port_error(error, what, key=key, transient_type=error_type) from error
-    except CLOSED_ERRORS as error:
-        if not closed_under_command(error):
-            raise
-        raise port_error(error, what, key=key, transient_type=error_type) from error
+    return _Translating(what, key, error_type)
+
+
+class _Translating:
+    """`redis_errors`' context: a class, entered around every round trip of the router's
+    batches, where a generator-based one builds and runs a generator each time."""
+
+    __slots__ = ("_error_type", "_key", "_what")
+
+    def __init__(self, what: str, key: str, error_type: type[TransientError]) -> None:
+        self._what = what
+        self._key = key
+        self._error_type = error_type
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> Literal[False]:
+        if not isinstance(error, _TRANSLATED):
+            return False
+        if not isinstance(error, _REDIS_ERRORS) and not closed_under_command(error):
+            return False
+        raise port_error(
+            error, self._what, key=self._key, transient_type=self._error_type
+        ) from error

@@ -34,9 +34,11 @@ class RedisPubSubBroadcaster(Broadcaster):
     async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
         if not events:
             return
+        prefix = self._prefix
         args: list[str | bytes] = []
         for item in events:
-            args += (self.channel(item.event.job_id), item.payload)
+            # `channel()` spelled out: a method call per event for one f-string.
+            args += (f"{prefix}:{item.event.job_id}", item.payload)
         with redis_errors(f"PUBLISH {len(events)} events", error_type=BroadcastFailed):
             await self._trips.call_script(self._script, [], args)
 
