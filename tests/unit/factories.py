@@ -202,6 +202,7 @@ class Harness:
         read_count: int = 10,
         drain_grace_s: float = 2.0,
         held: HeldShards | None = None,
+        block_ms: int = 5,
     ) -> ConsumeLoop:
         """A consumer that has just taken every shard (it takes over before reading)."""
         source = source or self.source
@@ -212,7 +213,7 @@ class Harness:
             metrics=self.metrics,
             clock=self.clock,
             read_count=read_count,
-            block_ms=5,
+            block_ms=block_ms,
             backoff=Backoff(initial_s=0.001, max_s=0.01),
             drain_grace_s=drain_grace_s,
         )

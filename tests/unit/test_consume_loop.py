@@ -158,6 +158,56 @@ class TestRouting:
         assert max(h.metrics.batches) <= 4
 
 
+class InterruptCountingSource(InMemoryEventSource):
+    """An in-memory source that counts the wakes of its blocking reads."""
+
+    interrupts = 0
+
+    async def interrupt(self) -> None:
+        self.interrupts += 1
+        await super().interrupt()
+
+
+class TestBlockingReads:
+    """A read that waits on the server for the first entry is woken, not waited out (it
+    would end by itself within its block, at most until the next look behind is due)."""
+
+    BLOCK_MS = 600_000
+
+    async def test_stop_wakes_a_blocked_read(self) -> None:
+        h = Harness()
+        source = source_of(h, InterruptCountingSource)
+
+        async with running(h.consume_loop(source, block_ms=self.BLOCK_MS)) as (stop, task):
+            await eventually(h.groups_ready)
+            h.xadd("job-1", 1)
+            await eventually(lambda: h.published_seqs("job-1") == [1])
+            await asyncio.sleep(0.05)  # the read after one that drained every shard blocks
+            stop.set()
+            async with asyncio.timeout(STOP_WITHIN_S):
+                await task
+
+        assert source.interrupts >= 1
+        assert h.pending() == {}
+
+    async def test_a_shard_gained_wakes_a_blocked_read(self) -> None:
+        h = Harness()
+        source = source_of(h, InterruptCountingSource)
+        first, second = h.family.streams[0], h.family.streams[1]
+        held = HeldShards()
+        held.gain(first, h.fence[first], since_ms=0, now_s=0.0)
+        held.took_over(first)
+        job = next(f"job-{i}" for i in range(100) if h.family.stream_for(f"job-{i}") == second)
+
+        async with running(h.consume_loop(source, held=held, block_ms=self.BLOCK_MS)):
+            await eventually(h.groups_ready)
+            await asyncio.sleep(0.05)  # blocked on the first shard alone
+            h.xadd(job, 1)
+            held.gain(second, h.fence[second], since_ms=0, now_s=0.0)
+            await eventually(lambda: h.published_seqs(job) == [1])
+            assert source.interrupts >= 1
+
+
 class TestTransientFailures:
     async def test_a_publish_outage_ends_with_every_event_published_once(self) -> None:
         h = Harness()

@@ -8,7 +8,6 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from eco_router.application.backoff import Backoff
 from eco_router.application.errors import PermanentError, TransientError
@@ -126,6 +125,8 @@ class ConsumeLoop:
         self._take_overs.abandon()
         # What wakes a blocking read: held shards changed, stop. Kept from read to read.
         self._wakers: dict[str, asyncio.Future[object]] = {}
+        # Wakes of a blocking read under way (CLIENT UNBLOCK from another connection).
+        self._waking: set[asyncio.Future[None]] = set()
         self._looked_behind_s = -math.inf
         self._busy = False
         self._acks.forget()
@@ -163,6 +164,7 @@ class ConsumeLoop:
                 self._prefetch = None
             for waker in self._wakers.values():
                 waker.cancel()
+            await cancel_and_wait(list(self._waking))
             await self._flush_acks_at_exit()
 
     def _situation(self, stop: asyncio.Event) -> Situation:
@@ -235,7 +237,9 @@ class ConsumeLoop:
             self._drained = None
             if step.block_ms:
                 return await self._read_blocking(step, stop)
-            return self._take_read(await self._start_read(step), step.tokens, stop)
+            return self._take_read(
+                await self._read(step, self._begin_read(step)), step.tokens, stop
+            )
         elif isinstance(step, Wait):
             await self._wait_for_work(stop)
         return NO_BATCH
@@ -276,22 +280,29 @@ class ConsumeLoop:
 
     async def _read_blocking(self, step: Read, stop: asyncio.Event) -> Batch:
         """A read that waits on the server for the first entry, woken by a change of held
-        shards or stop."""
-        read = self._start_read(step)
+        shards or stop. It runs in this task, not one of its own: a waker that fires while it
+        is in flight starts the wake (which the read answers by returning what it has)."""
+        wakers = self._wakers_of(stop)
+        for waker in wakers:
+            waker.add_done_callback(self._wake_read)
         try:
-            waits = [cast("asyncio.Future[object]", read), *self._wakers_of(stop)]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                try:
-                    await self._source.interrupt()
-                except (TransientError, PermanentError) as error:
-                    # The read ends by itself within its block.
-                    log.debug("could not wake the blocked read: %s", error)
-            batch = await read
-        except BaseException:
-            read.cancel()
-            raise
+            batch = await self._read(step, self._begin_read(step))
+        finally:
+            for waker in wakers:
+                waker.remove_done_callback(self._wake_read)
         return self._take_read(batch, step.tokens, stop)
+
+    def _wake_read(self, _: object) -> None:
+        wake = asyncio.ensure_future(self._interrupt())
+        self._waking.add(wake)
+        wake.add_done_callback(self._waking.discard)
+
+    async def _interrupt(self) -> None:
+        try:
+            await self._source.interrupt()
+        except (TransientError, PermanentError) as error:
+            # The read ends by itself within its block.
+            log.debug("could not wake the blocked read: %s", error)
 
     def _wakers_of(self, stop: asyncio.Event) -> list[asyncio.Future[object]]:
         """Waits for a change of held shards and for stop, made again once they fired."""
@@ -302,12 +313,16 @@ class ConsumeLoop:
         return list(self._wakers.values())
 
     def _start_read(self, step: Read) -> asyncio.Task[ReadBatch]:
+        """A read running beside this task (a prefetch, overlapping the routing of a batch)."""
+        return asyncio.ensure_future(self._read(step, self._begin_read(step)))
+
+    def _begin_read(self, step: Read) -> dict[str, str]:
+        """Where the read of `step` starts on each shard, once it holds them."""
         # A read in flight holds its shards: none is handed over before its entries settle.
         self._held.picked_up(step.tokens)
         if step.look_behind:
             self._looked_behind_s = self._clock.monotonic()
-        after = {s: last for s, last in self._held.reading().items() if s in step.tokens}
-        return asyncio.ensure_future(self._read(step, after))
+        return {s: last for s, last in self._held.reading().items() if s in step.tokens}
 
     async def _read(self, step: Read, after: dict[str, str]) -> ReadBatch:
         tokens = step.tokens
