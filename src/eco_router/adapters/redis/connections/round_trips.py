@@ -58,12 +58,12 @@ class HeldConnection:
 
     Through the pool a pipeline costs the client about twice its round trip (a checkout that
     probes the socket, per-command observability hooks, the release). Here the commands a
-    redis-py pipeline queued are packed, sent and their replies parsed by redis-py itself, on
-    the kept connection, with the connection's own retry (as the pipeline would); a reply
-    redis-py would hand back as it came (EVALSHA's, XACK's) is read straight from the
-    connection, and a lone script call builds no pipeline. A round trip interrupted midway
-    (a timeout, a cancellation, a dropped connection) disconnects it, so no late reply is
-    read as the next one's; the next round trip connects again (behind Sentinel: to the
+    redis-py pipeline queued are packed and sent on the kept connection, with the
+    connection's own retry (as the pipeline would); each reply is read straight from the
+    connection and shaped by the client's callback for it, as redis-py's parse_response
+    would, and a lone script call builds no pipeline. A round trip interrupted midway (a
+    timeout, a cancellation, a dropped connection) disconnects it, so no late reply is read
+    as the next one's; the next round trip connects again (behind Sentinel: to the
     master of the moment). The client's `aclose()` closes it.
 
     The connection's socket timeout bounds the whole round trip, once, instead of redis-py
@@ -79,8 +79,8 @@ class HeldConnection:
         self._timeout_s: float | None = None
         self._lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Per command name, whether its reply is read straight from the connection (`_plain`).
-        self._plain: dict[str, bool] = {}
+        # Per command name, how its reply is read (`_shape`).
+        self._shapes: dict[str, Any] = {}
 
     async def execute(self, pipe: Any) -> list[Any]:
         commands = pipe.command_stack
@@ -116,18 +116,25 @@ class HeldConnection:
                     # Its own connect(): behind Sentinel it asks for the master of the moment,
                     # where sending on a closed connection would reconnect to the last address.
                     await connection.connect()  # type: ignore[no-untyped-call]
-                packed = connection.pack_commands([c for c, _ in commands])
+                # The chunks each command packs to, written together (redis-py's pack_commands
+                # only joins them again into larger buffers first).
+                packed = [chunk for args, _ in commands for chunk in connection.pack_command(*args)]
                 await connection.send_packed_command(packed, check_health=False)
                 callbacks = parser.response_callbacks
                 replies: list[Any] = []
                 for args, options in commands:
                     name = args[0]
                     try:
-                        if _plain(name, options, callbacks, self._plain):
-                            replies.append(await connection.read_response())
-                        else:
+                        shape = _shape(name, options, callbacks, self._shapes)
+                        if shape is _PARSED:
                             reply = await parser.parse_response(connection, name, **options)  # type: ignore[arg-type]
-                            replies.append(reply)
+                        else:
+                            reply = await connection.read_response()
+                            if shape is not None:
+                                reply = shape(reply)
+                                if hasattr(reply, "__await__"):
+                                    reply = await reply
+                        replies.append(reply)
                     except ResponseError as error:
                         replies.append(error)
             finally:
@@ -205,15 +212,18 @@ class _Deadline:
 
 # Commands whose reply redis-py's pipeline reads with bookkeeping of its own (WATCH state).
 _STATEFUL = frozenset({"WATCH", "UNWATCH", "EXEC", "DISCARD"})
+# A reply read through redis-py's parse_response, as a pipeline reads it.
+_PARSED = object()
 
 
-def _plain(name: str, options: dict[str, Any], callbacks: Any, known: dict[str, bool]) -> bool:
-    """Whether redis-py's parse_response would hand `name`'s reply back as read (no callback,
-    no option that changes the reading, no WATCH state): read straight from the connection,
-    it skips two layers of calls and a case-insensitive lookup per reply."""
+def _shape(name: str, options: dict[str, Any], callbacks: Any, known: dict[str, Any]) -> Any:
+    """How `name`'s reply is read: `_PARSED` for redis-py's parse_response (an option that
+    changes the reading, WATCH state), else straight from the connection and given to the
+    client's callback for it (None: as it came). Which is what parse_response would do, less
+    two layers of calls, a case-insensitive lookup and an ABC isinstance check per reply."""
     if options and options.keys() - {"keys"}:
-        return False
-    plain = known.get(name)
-    if plain is None:
-        plain = known[name] = name.upper() not in _STATEFUL and name not in callbacks
-    return plain
+        return _PARSED
+    shape = known.get(name, _PARSED)
+    if shape is _PARSED:
+        shape = known[name] = _PARSED if name.upper() in _STATEFUL else callbacks.get(name)
+    return shape
