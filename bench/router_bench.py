@@ -60,7 +60,7 @@ from bench.backlog import (
     stream_of,
 )
 from bench.baseline_source import BaselineSource, BaselineUnavailable, baseline_source
-from bench.goals import SCRIPT_COMMANDS, goal_lines
+from bench.goals import goal_lines, inside_scripts
 from bench.pacing import Pacer
 from bench.producer_process import ProducerProcess
 from bench.redis_probes import POLL_INTERVAL_S, command_usec, redis_cpu_seconds, watch_drain
@@ -1216,10 +1216,8 @@ def _changes(ratios: dict[str, float], name: str) -> str:
 
 def _command_breakdown(usec: dict[str, float]) -> str:
     """EVALSHA with the calls made inside it (commandstats counts those twice), then the rest."""
-    inside = ", ".join(f"{c} {u}" for c, u in usec.items() if c in SCRIPT_COMMANDS)
-    rest = [
-        f"{c} {u}" for c, u in usec.items() if c not in SCRIPT_COMMANDS and c != "evalsha" and u
-    ]
+    inside = ", ".join(f"{c} {u}" for c, u in usec.items() if inside_scripts(c))
+    rest = [f"{c} {u}" for c, u in usec.items() if not inside_scripts(c) and c != "evalsha" and u]
     return f"evalsha {usec.get('evalsha', 0)} (inside: {inside}); " + ", ".join(rest)
 
 
