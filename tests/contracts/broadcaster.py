@@ -78,7 +78,7 @@ class BroadcasterContract(ContractFamilies):
         with pytest.raises(TransientError):
             await broadcaster.ping()
 
-    async def test_publish_to_an_unreachable_server_raises_publish_failed(self) -> None:
+    async def test_a_broadcast_to_an_unreachable_server_raises_broadcast_failed(self) -> None:
         broadcaster = await self.make_broadcaster()
         await self.cut_server(broadcaster)
 

@@ -12,7 +12,7 @@ renewal every second), and a run repeats exactly.
 Each router reaches every adapter through a `Gate`, the process it runs in. A call's request
 and its reply each take a millisecond or two (the `Wire`; drawn per example), so the routers'
 calls interleave and time passes while a router works. A gate can strike at a given call
-(the next one, the n-th, or the next `apply`, `publish`, `ack`...): freeze the process there
+(the next one, the n-th, or the next `apply`, `broadcast`, `ack`...): freeze the process there
 (a paused process: what it has in flight goes on when it is thawed, with the fencing tokens
 it had), kill it there (its tasks are cancelled; nothing more reaches a server: no release,
 no ack), or lose that call's request or its reply (a broken connection; a lost reply means

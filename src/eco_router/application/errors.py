@@ -10,7 +10,7 @@ class TransientError(PortError):
 
 
 class BroadcastFailed(TransientError):
-    """A publish did not reach the Pub/Sub server; the events it carried are owed a publish."""
+    """A broadcast did not reach the Pub/Sub server; the events it carried are owed one."""
 
 
 class Unauthorized(PortError):

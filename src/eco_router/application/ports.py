@@ -187,7 +187,7 @@ class Broadcaster(Protocol):
     """Per-job Pub/Sub channels."""
 
     async def broadcast(self, events: Sequence[EncodedEvent]) -> None:
-        """Publish each payload on its job's channel in order; `BroadcastFailed` if any is lost."""
+        """PUBLISH each payload on its job's channel, in order; `BroadcastFailed` if any is lost."""
         ...
 
     async def ping(self) -> None:
@@ -313,7 +313,7 @@ class RouterMetrics(HealthMetrics, Protocol):
         ...
 
     def broadcast_failed(self, count: int) -> None:
-        """A publish carrying `count` events failed."""
+        """A broadcast carrying `count` events failed."""
         ...
 
     def dead_lettered(self, domain: str, reason: RejectReason, count: int) -> None:

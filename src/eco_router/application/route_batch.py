@@ -179,7 +179,7 @@ class RouteBatch:
             self._metrics.broadcast_failed(len(to_broadcast))
             # The caller warns once per episode of failures, not once per batch.
             log.debug(
-                "publish of %d events failed, keeping them unacked: %s", len(to_broadcast), error
+                "broadcast of %d events failed, keeping them unacked: %s", len(to_broadcast), error
             )
             result.error = error
             result.unsettled = [by_entry[_entry_key(item.event)] for item in to_broadcast]

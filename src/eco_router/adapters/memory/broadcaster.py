@@ -12,7 +12,7 @@ from eco_router.application.ports import Broadcaster
 
 
 class InMemoryBroadcaster(Broadcaster):
-    """Keeps every (channel, payload) in `sent`; set `available = False` to make publishes fail."""
+    """Keeps every (channel, payload) in `sent`; set `available = False` to make broadcasts fail."""
 
     def __init__(self, *, channel_prefix: str) -> None:
         self.available = True

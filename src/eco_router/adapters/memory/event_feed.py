@@ -59,6 +59,9 @@ class InMemoryFeedSubscription(FeedSubscription):
         self._open_viewers.discard(self._viewer)
         self._broadcaster.unsubscribe(self._channel, self._source)
         await cancel_and_wait([self._pump])
+        # The pump ends only when cancelled, or by a bug: that is raised, not dropped.
+        if not self._pump.cancelled() and (error := self._pump.exception()) is not None:
+            raise error
 
 
 class InMemoryEventFeed(EventFeed):

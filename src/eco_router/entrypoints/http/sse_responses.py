@@ -66,7 +66,7 @@ async def job_event_stream(
     )
 
 
-class OpenStream(Protocol):
+class ResponseStream(Protocol):
     """A stream opened for one response: its frames, the writer of its live frames, its end."""
 
     writer: FrameWriter | None
@@ -79,7 +79,7 @@ class OpenStream(Protocol):
 async def streaming_response(
     request: Request,
     client_streams: ClientStreams,
-    open_stream: Callable[[], Awaitable[OpenStream | None]],
+    open_stream: Callable[[], Awaitable[ResponseStream | None]],
 ) -> Response:
     """Hold one stream of the client's address (429 past its cap), open the stream and
     stream it; the hold ends when the stream does, however the response ends. A stream that
