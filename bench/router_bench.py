@@ -1216,7 +1216,7 @@ def _changes(ratios: dict[str, float], name: str) -> str:
 
 def _command_breakdown(usec: dict[str, float]) -> str:
     """EVALSHA with the calls made inside it (commandstats counts those twice), then the rest."""
-    inside = ", ".join(f"{c} {u}" for c, u in usec.items() if inside_scripts(c))
+    inside = ", ".join(f"{c} {u}" for c, u in usec.items() if inside_scripts(c) and u)
     rest = [f"{c} {u}" for c, u in usec.items() if not inside_scripts(c) and c != "evalsha" and u]
     return f"evalsha {usec.get('evalsha', 0)} (inside: {inside}); " + ", ".join(rest)
 
