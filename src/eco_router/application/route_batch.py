@@ -155,13 +155,12 @@ class RouteBatch:
         judged: list[tuple[EncodedEvent, Judgement]] = []
         # What is published carries the fields the store gave it (its event id...).
         to_broadcast: list[EncodedEvent] = []
-        stamps = applied.stamps
         for n, (item, judgement) in enumerate(zip(encoded, applied.judgements, strict=True)):
             if judgement is None:
                 continue
             judged.append((item, judgement))
             if judgement.publish:
-                fields = stamps[n] if n < len(stamps) else None
+                fields = applied.stamp_of(n)
                 to_broadcast.append(
                     EncodedEvent(item.event, stamped(item.payload, fields)) if fields else item
                 )
