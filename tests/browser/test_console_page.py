@@ -649,6 +649,7 @@ class TestTheJobsControlMessages:
         rows = page.locator("#job-controls tbody tr")
         expect(rows).to_have_count(2)
         expect(rows.nth(0)).to_have_attribute("data-state", "acknowledged")
-        expect(rows.nth(0)).to_contain_text('{"input":"yes"}')
+        expect(rows.nth(0)).to_contain_text("(not kept)")
         expect(rows.nth(1)).to_have_attribute("data-state", "delivered")
         expect(rows.nth(1)).to_contain_text("cancel")
+        expect(page.locator("#job-controls caption")).to_contain_text("2 in all, 1 waiting")

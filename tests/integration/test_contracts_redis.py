@@ -15,7 +15,12 @@ from redis.exceptions import ResponseError
 
 from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.redis.connections.connection import open_pinned_reader
-from eco_router.adapters.redis.control_store import ControlKeys, RedisControlStore, record_arguments
+from eco_router.adapters.redis.control_store import (
+    ControlKeys,
+    RedisControlStore,
+    append_arguments,
+    read_arguments,
+)
 from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
 from eco_router.adapters.redis.keys import DeadLetterKeys, GroupKeys, JobKeys
 from eco_router.adapters.redis.router.broadcaster import RedisPubSubBroadcaster
@@ -34,6 +39,7 @@ from eco_router.application.ports import (
     LeaseStore,
     StateStore,
 )
+from eco_router.domain.control import Admission
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES
 from eco_router.testing import RedisServer
 from tests.contracts.broadcaster import PREFIX, BroadcasterContract, Receive
@@ -293,6 +299,17 @@ class TestRedisControlStore(ControlStoreContract):
             self.redis, families=self.families, state_ttl_s=3600, clock=SystemClock()
         )
 
+    async def start_job(self, job_id: str) -> None:
+        event = encoded(
+            domain="chat",
+            stream=self.chat_0,
+            job_id=job_id,
+            seq=10,
+            stage="queued",
+            status="queued",
+        )
+        await self.states.apply([event], {self.chat_0: 1})
+
     async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
         event = encoded(
             domain="chat", stream=self.chat_0, job_id=job_id, seq=181, stage=stage, status=status
@@ -305,17 +322,21 @@ class TestRedisControlStore(ControlStoreContract):
             for _, fields in await self.redis.xrange(stream)
         ]
 
+    async def control_keys(self, job_id: str) -> int:
+        job = JobKeys.in_family(self.chat, job_id)
+        return int(await self.redis.exists(job.control, job.control_state))
+
     async def test_the_control_keys_live_the_state_ttl(self) -> None:
-        store = await self.make_store()
-        await store.record(cancel())
+        store = await self.started()
+        await self.send(store, cancel())
         job = JobKeys.in_family(self.chat, JOB)
 
         assert 3500 < await self.redis.ttl(job.control) <= 3600
         assert 3500 < await self.redis.ttl(job.control_state) <= 3600
 
     async def test_acknowledging_after_the_keys_expired_leaves_no_key_without_ttl(self) -> None:
-        store = await self.make_store()
-        receipt = await store.record(cancel())
+        store = await self.started()
+        receipt = await self.send(store, cancel())
         assert receipt.message_id is not None
         job = JobKeys.in_family(self.chat, JOB)
         await self.redis.delete(job.control, job.control_state)
@@ -328,6 +349,15 @@ class TestRedisControlStoreTagged(TestRedisControlStore):
     families = TAGGED_FAMILIES
 
     def test_a_record_touches_one_slot(self) -> None:
-        keys, _ = record_arguments(cancel(), ControlKeys(self.families), state_ttl_s=60, now_ms=0)
+        request = cancel()
+        keys, _ = append_arguments(
+            request,
+            Admission(number=1),
+            ControlKeys(self.families),
+            version=0,
+            state_ttl_s=60,
+            now_ms=0,
+        )
+        read_keys, _ = read_arguments(request, ControlKeys(self.families))
 
-        assert len({key_slot(k.encode()) for k in keys}) == 1
+        assert len({key_slot(k.encode()) for k in (*keys, *read_keys)}) == 1

@@ -233,6 +233,17 @@ class TestInMemoryControlStore(ControlStoreContract):
             clock=self.clock,
         )
 
+    async def start_job(self, job_id: str) -> None:
+        event = encoded(
+            domain="chat",
+            stream=self.chat_0,
+            job_id=job_id,
+            seq=10,
+            stage="queued",
+            status="queued",
+        )
+        await self.states.apply([event], {self.chat_0: 1})
+
     async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
         event = encoded(
             domain="chat", stream=self.chat_0, job_id=job_id, seq=181, stage=stage, status=status
@@ -244,6 +255,9 @@ class TestInMemoryControlStore(ControlStoreContract):
             {k.decode(): v.decode() for k, v in fields.items()}
             for _, fields in self.streams.entries(stream)
         ]
+
+    async def control_keys(self, job_id: str) -> int:
+        return int(bool(self.streams.entries(f"chat:control:{job_id}")))
 
 
 class TestInMemoryControlStoreTagged(TestInMemoryControlStore):

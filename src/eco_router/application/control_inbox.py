@@ -52,6 +52,8 @@ class ControlInbox:
             for message in pending.messages:
                 yield message
             after = pending.last_id
+            if pending.more:
+                continue
             left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return

@@ -33,3 +33,24 @@ class PermanentError(PortError):
 
 class JobEnded(PortError):
     """A control message for a job that has already ended (its `done`, or a failure)."""
+
+
+class UnknownJob(PortError):
+    """A control message for a job that has no event yet (never started, or expired)."""
+
+
+class RequestIdConflict(PortError):
+    """A request id its sender used before for another kind of control message."""
+
+
+class ControlLimited(PortError):
+    """A control message refused by a bound that waiting lifts (messages waiting for the
+    worker, the sender's rate): retry after `retry_after_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ControlExhausted(PortError):
+    """A control message past the number a job may be sent in its lifetime."""

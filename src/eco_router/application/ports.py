@@ -32,8 +32,9 @@ if TYPE_CHECKING:
         StoredDeadLetter,
     )
     from eco_router.domain.control import (
-        ControlMessage,
-        ControlReceipt,
+        Admission,
+        ControlLog,
+        ControlLogPage,
         ControlRequest,
         PendingControls,
     )
@@ -148,12 +149,21 @@ class ControlStore(Protocol):
     their announcement in the job's events, handed to the job's worker at least once until one
     acknowledges them, never handed once the job has ended."""
 
-    async def record(self, request: ControlRequest) -> ControlReceipt:
-        """In one atomic step: a request id recorded before answers its first receipt
-        (DUPLICATE) and writes nothing; else a job whose state is its end answers ENDED and
-        writes nothing; else the message joins the job's control log and its lifecycle event
-        (seq = the message's number) the job's shard stream. Written when it returns, as
-        durably as the server keeps its writes; the keys live the state TTL."""
+    async def control_log(self, request: ControlRequest) -> ControlLog:
+        """In one atomic step, what `admit` needs to judge `request`: whether the job has any
+        event and has ended, the log's version and counts, the first message of the
+        sender's request id, the job's cancel and the sender's rate bucket. Writes nothing."""
+        ...
+
+    async def append(
+        self, request: ControlRequest, admission: Admission, *, version: int
+    ) -> str | None:
+        """In one atomic step, if the log is still at `version` and the job has not ended:
+        the message joins the job's control log (number `admission.number`, waiting),
+        the sender's request id and bucket are kept, and its lifecycle event (seq = the
+        number) joins the job's shard stream; its message id. Else None, nothing written.
+        Written when it returns, as durably as the server keeps its writes; the keys live
+        the state TTL."""
         ...
 
     async def deliver(
@@ -161,12 +171,14 @@ class ControlStore(Protocol):
     ) -> PendingControls:
         """The job's unacknowledged messages after message id `after`, in order, each marked
         delivered (its count up): again to every caller until acknowledged; none, and
-        `ended`, once the job's state is its end."""
+        `ended`, once the job's state is its end. Costs the same whatever the number of
+        acknowledged messages; `more` when `limit` stopped the read."""
         ...
 
     async def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
-        """Mark a message acknowledged, never handed again; False for one not held (never
-        recorded, or expired), and nothing written."""
+        """Mark a message acknowledged, never handed again, its body dropped and its place
+        among the waiting freed; False for one not held (never recorded, or expired), and
+        nothing written. Acknowledging again is True and changes nothing."""
         ...
 
     async def cancelled(self, domain: str, job_id: str) -> bool:
@@ -177,8 +189,9 @@ class ControlStore(Protocol):
         """Return once a message after id `after` is recorded, or after `timeout_s`."""
         ...
 
-    async def messages(self, domain: str, job_id: str) -> list[ControlMessage]:
-        """Every message the job's control log holds, in order, with its state."""
+    async def messages(self, domain: str, job_id: str, *, limit: int = 50) -> ControlLogPage:
+        """The job's latest `limit` messages in order, each with its state, size and a
+        preview of its body while kept, and the job's totals."""
         ...
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping
 
 from eco_router.domain.event import RESERVED_FIELDS, ROUTER_FIELDS, TOKEN_STAGE, JobEvent
+from eco_router.domain.json_result import InvalidResult, parse_result
 from eco_router.domain.rejection import Rejection, RejectReason
 
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -25,10 +24,6 @@ _EMPTY_MEANS_ABSENT = (*OPTIONAL_FIELDS, *TRACE_FIELDS)
 # W3C Trace Context: version-trace_id-parent_id-flags, lowercase hex; a future version may
 # append fields after a dash.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
-
-
-class _NotFinite(ValueError):
-    """A result number that JSON cannot carry: it would be published as null."""
 
 
 def parse_entry(
@@ -106,13 +101,9 @@ def parse_entry(
     result: object = None
     if has_result:
         try:
-            result = json.loads(
-                text["result"], parse_constant=_refuse_constant, parse_float=_finite_float
-            )
-        except _NotFinite as error:
-            return Rejection(RejectReason.RESULT_NOT_FINITE, f"result holds {error}")
-        except (ValueError, RecursionError) as error:
-            return Rejection(RejectReason.RESULT_NOT_JSON, f"result is not JSON: {error}")
+            result = parse_result(text["result"])
+        except InvalidResult as error:
+            return Rejection(error.reason, f"result {error}")
 
     return JobEvent(
         domain=domain,
@@ -161,17 +152,6 @@ def _keep_valid_trace_context(text: dict[str, str]) -> None:
         text.pop("tracestate", None)
     else:
         text["traceparent"] = valid
-
-
-def _refuse_constant(name: str) -> object:
-    raise _NotFinite(f"{name}, which JSON cannot carry")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotFinite(f"{text[:32]}, which is beyond a double")
-    return value
 
 
 def _integer(text: str) -> int | None:

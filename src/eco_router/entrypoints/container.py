@@ -144,7 +144,12 @@ class Container(containers.DeclarativeContainer):
             ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
         ),
     )
-    send_control = providers.Singleton(SendControl, store=control_store)
+    send_control = providers.Singleton(
+        SendControl,
+        store=control_store,
+        clock=clock,
+        limits=settings.provided.control_limits,
+    )
     broadcaster = providers.Singleton(
         make_broadcaster,
         pubsub_redis,

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from eco_router.adapters.jwt_secret import MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.adapters.redis.connections.topology import ClusterSeeds, parse_redis_url
+from eco_router.domain.control import MAX_CONTROL_BODY_BYTES, ControlLimits
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
     DEFAULT_MAX_EVENT_BYTES,
@@ -41,6 +42,7 @@ _ENV_PREFIX = "EVENT_ROUTER_"
 # Read by the producer SDK, not by the router: a shared environment may well hold them.
 _PRODUCER_VARIABLES = frozenset({DOMAIN_VARIABLE, SHARDS_VARIABLE})
 _REQUEST_LIMITS = RequestLimits()
+_CONTROL_LIMITS = ControlLimits()
 
 
 def default_consumer_name() -> str:
@@ -129,6 +131,14 @@ class Settings(BaseSettings):
     # tokens are not routed and the job's end marks the text truncated.
     text_max_bytes: int = Field(DEFAULT_TEXT_MAX_BYTES, ge=1024, le=512 * 1024 * 1024)
     stats_interval_s: float = Field(5, gt=0)
+    # Bounds on one job's control messages (docs/CONTROL.md#bounds); a cancel passes them all.
+    control_max_waiting: int = Field(_CONTROL_LIMITS.max_waiting, ge=1, le=100_000)
+    control_max_waiting_bytes: int = Field(
+        _CONTROL_LIMITS.max_waiting_bytes, ge=MAX_CONTROL_BODY_BYTES, le=64 * 1024 * 1024
+    )
+    control_max_messages: int = Field(_CONTROL_LIMITS.max_messages, ge=1, le=1_000_000)
+    control_rate_per_s: float = Field(_CONTROL_LIMITS.rate_per_s, gt=0, le=100_000)
+    control_burst: int = Field(_CONTROL_LIMITS.burst, ge=1, le=100_000)
     jwt_secret: SecretStr | None = None
     jwt_require_exp: bool = True
     cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
@@ -304,6 +314,16 @@ class Settings(BaseSettings):
             max_headers=self.http_max_headers,
             max_body_bytes=self.http_max_body_bytes,
             body_timeout_s=self.http_body_timeout_s,
+        )
+
+    @property
+    def control_limits(self) -> ControlLimits:
+        return ControlLimits(
+            max_waiting=self.control_max_waiting,
+            max_waiting_bytes=self.control_max_waiting_bytes,
+            max_messages=self.control_max_messages,
+            rate_per_s=self.control_rate_per_s,
+            burst=self.control_burst,
         )
 
     @property

@@ -17,17 +17,23 @@ from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.control_inbox import WAIT_SLICE_S
 from eco_router.application.ports import Clock, ControlStore
 from eco_router.domain.control import (
+    PREVIEW_BYTES,
+    Admission,
     ControlKind,
+    ControlLog,
+    ControlLogPage,
     ControlMessage,
-    ControlReceipt,
     ControlRequest,
     ControlState,
+    ControlSummary,
+    FirstMessage,
     PendingControls,
-    Recorded,
+    RateBucket,
+    has_ended,
 )
 from eco_router.domain.streams import StreamFamily
 
-# A job's control log is short (a cancel, a few replies): one read holds it.
+# A read's page of waiting messages; the bounds keep a log to about this many.
 DELIVER_LIMIT = 100
 # `EVENT_ROUTER_STATE_TTL_S`'s default: a worker's inbox records nothing, and needs none.
 DEFAULT_STATE_TTL_S = 3600
@@ -47,15 +53,66 @@ class ControlKeys:
         return JobKeys.in_family(family, job_id), family.stream_for(job_id)
 
 
-def record_arguments(
-    request: ControlRequest, keys: ControlKeys, *, state_ttl_s: int, now_ms: int
+def request_field(request: ControlRequest) -> str:
+    """The control state's field that remembers a sender's request id."""
+    return f"request:{request.sender}:{request.request_id}"
+
+
+def rate_field(request: ControlRequest) -> str:
+    """The control state's field that holds a sender's rate bucket."""
+    return f"rate:{request.sender}"
+
+
+def read_arguments(
+    request: ControlRequest, keys: ControlKeys
+) -> tuple[list[str], list[str | int | bytes]]:
+    """KEYS and ARGV of `read_control.lua`."""
+    job, _ = keys.of(request.domain, request.job_id)
+    return [job.state, job.history, job.markers, job.control_state], [
+        request_field(request),
+        rate_field(request),
+    ]
+
+
+def control_log(reply: Sequence[Any]) -> ControlLog:
+    """`read_control.lua`'s reply as what the rules judge."""
+    known, state, version, count, waiting, waiting_bytes, first, cancel, cancel_n, bucket = reply
+    return ControlLog(
+        known=int(known) > 0,
+        ended=state is not None and has_ended(_state(state)),
+        version=int(version or 0),
+        count=int(count or 0),
+        waiting=int(waiting or 0),
+        waiting_bytes=int(waiting_bytes or 0),
+        first=FirstMessage.decode(None if first is None else _text(first)),
+        cancel=None
+        if cancel is None
+        else FirstMessage(_text(cancel), int(cancel_n or 0), ControlKind.CANCEL),
+        bucket=RateBucket.decode(None if bucket is None else _text(bucket)),
+    )
+
+
+def append_arguments(
+    request: ControlRequest,
+    admission: Admission,
+    keys: ControlKeys,
+    *,
+    version: int,
+    state_ttl_s: int,
+    now_ms: int,
 ) -> tuple[list[str], list[str | int | bytes]]:
     """KEYS and ARGV of `record_control.lua`."""
     job, stream = keys.of(request.domain, request.job_id)
     args: list[str | int | bytes] = [
+        version,
+        request_field(request),
         request.request_id,
         request.kind.value,
         request.body,
+        len(request.body),
+        admission.number,
+        rate_field(request),
+        "" if admission.bucket is None else admission.bucket.encode(),
         state_ttl_s,
         SHARD_MAXLEN,
         request.job_id,
@@ -66,14 +123,9 @@ def record_arguments(
     return [stream, job.state, job.control, job.control_state], args
 
 
-def receipt(request: ControlRequest, reply: Sequence[Any]) -> ControlReceipt:
-    """The script's reply as the port's receipt."""
-    outcome = Recorded(_text(reply[0]))
-    if outcome is Recorded.ENDED:
-        return ControlReceipt(outcome, request.request_id)
-    return ControlReceipt(
-        outcome, request.request_id, _text(reply[1]), int(reply[2]), ControlKind(_text(reply[3]))
-    )
+def appended(reply: Sequence[Any]) -> str | None:
+    """`record_control.lua`'s reply: the new message's id, or None when nothing was written."""
+    return _text(reply[1]) if _text(reply[0]) == "new" else None
 
 
 def pending(domain: str, job_id: str, reply: Sequence[Any]) -> PendingControls:
@@ -84,26 +136,37 @@ def pending(domain: str, job_id: str, reply: Sequence[Any]) -> PendingControls:
         _message(domain, job_id, _text(entry_id), _fields(raw), ControlState.DELIVERED, int(n))
         for entry_id, raw, n in reply[2]
     )
-    return PendingControls(messages, _text(reply[1]))
+    return PendingControls(messages, _text(reply[1]), more=int(reply[3]) == 1)
 
 
-def log_messages(
-    domain: str, job_id: str, entries: Any, states: Mapping[Any, Any]
-) -> list[ControlMessage]:
-    """A control log read with XRANGE, each message with its state from the hash."""
-    out = []
-    for entry_id, raw in entries:
-        key = _text(entry_id)
-        state = _text(states.get(f"s:{key}".encode(), b"recorded"))
-        deliveries = int(states.get(f"d:{key}".encode(), b"0"))
-        out.append(_message(domain, job_id, key, _fields(raw), ControlState(state), deliveries))
-    return out
+def log_page(reply: Sequence[Any]) -> ControlLogPage:
+    """`list_control.lua`'s reply as the console's page."""
+    count, waiting, waiting_bytes, rows = reply
+    return ControlLogPage(
+        total=int(count),
+        waiting=int(waiting),
+        waiting_bytes=int(waiting_bytes),
+        messages=tuple(
+            ControlSummary(
+                number=int(number),
+                message_id=_text(message_id),
+                kind=ControlKind(_text(kind)),
+                request_id=_text(request_id),
+                state=ControlState(_text(state)),
+                deliveries=int(deliveries),
+                size=int(size),
+                preview=None if preview is None else _text_lenient(preview),
+            )
+            for message_id, number, kind, state, deliveries, size, request_id, preview in rows
+        ),
+    )
 
 
 class RedisControlStore(ControlStore):
-    """Control messages on the streams server: `record_control.lua` writes a message and its
-    announcement together, `deliver_control.lua` hands them out, `acknowledge_control.lua`
-    retires them; a blocking XREAD on the log waits for the next one. With `replica_wait`, a
+    """Control messages on the streams server: `read_control.lua` reads what the rules judge,
+    `record_control.lua` writes a message and its announcement together if nothing moved,
+    `deliver_control.lua` hands them out, `acknowledge_control.lua` retires them;
+    a blocking XREAD on the log waits for the next one. With `replica_wait`, a
     record returns only once that many replicas have it (`ReplicasBehind` otherwise: it is
     written, and the same request id answers it)."""
 
@@ -121,17 +184,31 @@ class RedisControlStore(ControlStore):
         self._keys = ControlKeys(families)
         self._state_ttl_s = state_ttl_s
         self._clock = clock
+        self._read = client.register_script(load_lua("read_control.lua"))
         self._record = client.register_script(load_lua("record_control.lua"))
+        self._list = client.register_script(load_lua("list_control.lua"))
         self._deliver = client.register_script(load_lua("deliver_control.lua"))
         self._acknowledge = client.register_script(load_lua("acknowledge_control.lua"))
 
-    async def record(self, request: ControlRequest) -> ControlReceipt:
-        keys, args = record_arguments(
-            request, self._keys, state_ttl_s=self._state_ttl_s, now_ms=self._clock.now_ms()
+    async def control_log(self, request: ControlRequest) -> ControlLog:
+        keys, args = read_arguments(request, self._keys)
+        with redis_errors("read control log", key=keys[3]):
+            return control_log(await self._read(keys=keys, args=args))
+
+    async def append(
+        self, request: ControlRequest, admission: Admission, *, version: int
+    ) -> str | None:
+        keys, args = append_arguments(
+            request,
+            admission,
+            self._keys,
+            version=version,
+            state_ttl_s=self._state_ttl_s,
+            now_ms=self._clock.now_ms(),
         )
         with redis_errors("record control message", key=keys[2]):
             reply = await self._replica_wait.call(self._client, self._record, keys, args)
-        return receipt(request, reply)
+        return appended(reply)
 
     async def deliver(
         self, domain: str, job_id: str, *, after: str = "0-0", limit: int = DELIVER_LIMIT
@@ -146,7 +223,9 @@ class RedisControlStore(ControlStore):
     async def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
         job, _ = self._keys.of(domain, job_id)
         with redis_errors("acknowledge control message", key=job.control_state):
-            return bool(await self._acknowledge(keys=[job.control_state], args=[message_id]))
+            return bool(
+                await self._acknowledge(keys=[job.control_state, job.control], args=[message_id])
+            )
 
     async def cancelled(self, domain: str, job_id: str) -> bool:
         job, _ = self._keys.of(domain, job_id)
@@ -158,12 +237,13 @@ class RedisControlStore(ControlStore):
         with redis_errors("wait for control messages", key=job.control):
             await self._client.xread({job.control: after}, count=1, block=_block_ms(timeout_s))
 
-    async def messages(self, domain: str, job_id: str) -> list[ControlMessage]:
+    async def messages(self, domain: str, job_id: str, *, limit: int = 50) -> ControlLogPage:
         job, _ = self._keys.of(domain, job_id)
         with redis_errors("read control messages", key=job.control):
-            entries = await self._client.xrange(job.control)
-            states = await self._client.hgetall(job.control_state)
-        return log_messages(domain, job_id, entries, states)
+            reply = await self._list(
+                keys=[job.control_state, job.control], args=[limit, PREVIEW_BYTES]
+            )
+        return log_page(reply)
 
 
 class SyncControlInbox:
@@ -204,6 +284,8 @@ class SyncControlInbox:
                 return
             yield from handed.messages
             after = handed.last_id
+            if handed.more:
+                continue
             left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return
@@ -217,7 +299,9 @@ class SyncControlInbox:
     def acknowledge(self, message: ControlMessage) -> bool:
         """As `ControlInbox.acknowledge`."""
         job, _ = self._keys.of(message.domain, message.job_id)
-        return bool(self._acknowledge(keys=[job.control_state], args=[message.message_id]))
+        return bool(
+            self._acknowledge(keys=[job.control_state, job.control], args=[message.message_id])
+        )
 
 
 def _block_ms(timeout_s: float) -> int:
@@ -251,6 +335,19 @@ def _fields(raw: Any) -> dict[str, str]:
     if isinstance(raw, dict):
         return {_text(k): _text(v) for k, v in raw.items()}
     return {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw), 2)}
+
+
+def _state(raw: Any) -> dict[str, Any] | None:
+    try:
+        state = json.loads(raw)
+    except ValueError:
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _text_lenient(value: bytes) -> str:
+    # A preview cut inside a character keeps what it can.
+    return value.decode(errors="ignore") if isinstance(value, bytes) else str(value)
 
 
 def _text(value: Any) -> str:

@@ -13,11 +13,15 @@ from eco_router import __version__
 from eco_router.adapters.redaction import hide_access_log_tokens
 from eco_router.application.demo_jobs import StartDemoJob
 from eco_router.application.errors import (
+    ControlExhausted,
+    ControlLimited,
     Forbidden,
     JobEnded,
     PortError,
+    RequestIdConflict,
     TransientError,
     Unauthorized,
+    UnknownJob,
 )
 from eco_router.application.ports import EventFeed
 from eco_router.entrypoints.container import Container
@@ -48,7 +52,11 @@ DEMO_JOBS_PER_CLIENT_S, DEMO_JOBS_PER_CLIENT_BURST = 0.5, 5
 ERROR_STATUS: dict[type[PortError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
+    UnknownJob: 404,
     JobEnded: 409,
+    ControlExhausted: 409,
+    RequestIdConflict: 422,
+    ControlLimited: 429,
     TransientError: 503,
 }
 ERROR_HEADERS: dict[int, dict[str, str]] = {
@@ -125,6 +133,8 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     async def port_error(request: Request, error: PortError) -> JSONResponse:
         status = next((s for t, s in ERROR_STATUS.items() if isinstance(error, t)), 500)
         headers = ERROR_HEADERS.get(status)
+        if isinstance(error, ControlLimited):
+            headers = {"Retry-After": str(error.retry_after_s)}
         detail = str(error)
         if status >= 500:
             # An adapter's text names internal addresses: the client gets a generic line.

@@ -228,10 +228,16 @@ async def job(
                     "deliveries": m.deliveries,
                     "request_id": m.request_id,
                     "message_id": m.message_id,
-                    "body": m.body,
+                    "bytes": m.size,
+                    "preview": m.preview,
                 }
-                for m in controls
+                for m in controls.messages
             ],
+            "control_totals": {
+                "messages": controls.total,
+                "waiting": controls.waiting,
+                "waiting_bytes": controls.waiting_bytes,
+            },
         }
     )
 

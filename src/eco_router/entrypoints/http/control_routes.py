@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from fastapi import APIRouter, HTTPException, Request
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.domain.control import (
+    ANONYMOUS,
     MAX_CONTROL_BODY_BYTES,
     ControlKind,
     ControlReceipt,
@@ -25,11 +27,22 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 # The reference design's chat API answers its user at `/chat/{job}/input`.
 REFERENCE_DOMAIN = "chat"
 CONTROL_RESPONSES: dict[int | str, dict[str, object]] = {
-    202: {"description": "Recorded durably (or recorded before under this request id)."},
-    409: {"description": "The job has already ended."},
+    202: {
+        "description": "Recorded durably (or recorded before under this request id, or for a "
+        "cancel, the job's first cancel)."
+    },
+    404: {"description": "The job has no event yet (unknown, or expired)."},
+    409: {"description": "The job has already ended, or has had all the messages it may."},
     413: {"description": f"The body is larger than {MAX_CONTROL_BODY_BYTES} bytes."},
     415: {"description": "A body sent without Content-Type: application/json."},
-    422: {"description": "The body or the request id is not valid."},
+    422: {
+        "description": "The body or the request id is not valid, or the request id was used "
+        "for the other kind."
+    },
+    429: {
+        "description": "Too many messages wait for the worker, or too many were sent: "
+        "retry after Retry-After seconds."
+    },
 }
 
 
@@ -85,12 +98,22 @@ async def send(
         raise HTTPException(413, f"the body has {len(raw)} bytes (max {MAX_CONTROL_BODY_BYTES})")
     key = request.headers.get(IDEMPOTENCY_HEADER)
     try:
-        parsed = control_request(domain, job_id, kind, raw, key, default_id=default_id)
+        parsed = control_request(
+            domain, job_id, kind, raw, key, default_id=default_id, sender=sender_of(token)
+        )
     except InvalidControl as error:
         raise HTTPException(422, str(error)) from None
     receipt = await (await resolve(container.send_control()))(parsed)
     headers = {"Idempotent-Replayed": "true"} if receipt.outcome is Recorded.DUPLICATE else None
     return JSONResponse(answer(receipt, domain, job_id), status_code=202, headers=headers)
+
+
+def sender_of(token: str | None) -> str:
+    """The namespace of a sender's request ids: derived from its credential (a digest, so
+    neither the token nor its size reaches the store); one for all without a token."""
+    if not token:
+        return ANONYMOUS
+    return "t" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 def _is_json(content_type: str) -> bool:
