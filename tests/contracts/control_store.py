@@ -21,6 +21,7 @@ from eco_router.application.errors import (
 from eco_router.application.ports import ControlStore
 from eco_router.application.send_control import SendControl
 from eco_router.domain.control import (
+    Admission,
     ControlKind,
     ControlLimits,
     ControlReceipt,
@@ -45,6 +46,15 @@ def cancel(request_id: str = "r-1", job_id: str = JOB, sender: str = "alice") ->
 def reply(text: str, request_id: str, job_id: str = JOB, sender: str = "alice") -> ControlRequest:
     body = json.dumps({"input": text}).encode()
     return control_request("chat", job_id, ControlKind.INPUT, body, request_id, sender=sender)
+
+
+async def record(store: ControlStore, request: ControlRequest) -> str:
+    """Write `request` as the next message whatever the rules say (for tests of the worker's
+    side, on a job no router started): its message id."""
+    seen = await store.control_log(request)
+    message_id = await store.append(request, Admission(number=seen.count + 1), version=seen.version)
+    assert message_id is not None
+    return message_id
 
 
 class ControlStoreContract(ContractFamilies):

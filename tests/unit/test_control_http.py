@@ -44,8 +44,10 @@ async def started(**overrides: Any) -> tuple[FastAPI, Container, LifespanManager
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
-    """`eco-router serve --in-memory` on the documented defaults (no JWT secret)."""
+    """`eco-router serve --in-memory` on the documented defaults (no JWT secret), with the
+    chat job `JOB` started."""
     app, container, manager = await started()
+    await start(container, JOB)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
         yield client, container
@@ -57,6 +59,17 @@ async def history_stages(container: Container, domain: str, job_id: str) -> list
     store: StateStore = await resolve(container.state_store())
     view = await store.view(domain, job_id)
     return [json.loads(p)["stage"] for p in view.history]
+
+
+async def start(container: Container, job_id: str) -> None:
+    """Publish the chat job's `queued` and wait until the router applied it."""
+    publisher = await resolve(container.chat_demo_publisher())
+    await publisher.publish_stage_event(job_id, "queued", "queued")
+
+    async def known() -> bool:
+        return "queued" in await history_stages(container, "chat", job_id)
+
+    await wait_until(known, what="the job's queued")
 
 
 async def end(container: Container, job_id: str) -> None:
@@ -100,7 +113,7 @@ class TestRecording:
         assert first.json() == again.json()
         assert again.headers["idempotent-replayed"] == "true"
         store: ControlStore = await resolve(container.control_store())
-        assert len(await store.messages("chat", JOB)) == 1
+        assert (await store.messages("chat", JOB)).total == 1
 
     async def test_viewers_see_the_announcement_in_the_jobs_events(self, gateway: Any) -> None:
         client, container = gateway
@@ -109,7 +122,7 @@ class TestRecording:
 
         async def both() -> bool:
             stages = await history_stages(container, "chat", JOB)
-            return stages == ["input_received", "cancel_requested"]
+            return stages == ["queued", "input_received", "cancel_requested"]
 
         await wait_until(both, what="both announcements")
 
@@ -130,7 +143,8 @@ class TestRecording:
 
         assert (first.status_code, second.status_code) == (202, 202)
         store: ControlStore = await resolve(container.control_store())
-        assert [m.body for m in await store.messages("chat", JOB)] == [{"input": "yes"}] * 2
+        page = await store.messages("chat", JOB)
+        assert [m.preview for m in page.messages] == ['{"input":"yes"}'] * 2
 
 
 class TestValidation:
@@ -176,6 +190,7 @@ class TestAuthorization:
     @pytest.fixture
     async def secured(self) -> AsyncIterator[httpx.AsyncClient]:
         app, container, manager = await started(jwt_secret=SECRET)
+        await start(container, JOB)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
             yield client
@@ -209,8 +224,7 @@ class TestTheConsoleLookup:
         transport = httpx.ASGITransport(app=app)
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as client:
-                publisher = await resolve(container.chat_demo_publisher())
-                await publisher.publish_stage_event(JOB, "queued", "queued")
+                await start(container, JOB)
                 for n, kind in enumerate(["input", "cancel", "input"]):
                     body = {"request_id": f"r{n}"} | ({"input": n} if kind == "input" else {})
                     await client.post(f"/api/v1/chat/{JOB}/{kind}", json=body)
@@ -235,5 +249,10 @@ class TestTheConsoleLookup:
             (2, "cancel", "delivered", 2),
             (3, "input", "delivered", 2),
         ]
-        assert controls[0]["body"] == {"input": 0}
+        assert [(c["bytes"], c["preview"]) for c in controls] == [
+            (len('{"input":0}'), None),
+            (2, "{}"),
+            (len('{"input":2}'), '{"input":2}'),
+        ]
         assert controls[1]["request_id"] == "r1"
+        assert found.json()["control_totals"] == {"messages": 3, "waiting": 2, "waiting_bytes": 13}

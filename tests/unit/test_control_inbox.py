@@ -14,7 +14,7 @@ from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.application.control_inbox import ControlInbox
 from eco_router.domain.control import ControlMessage
-from tests.contracts.control_store import cancel, reply
+from tests.contracts.control_store import cancel, record, reply
 from tests.contracts.factories import CHAT, GROUP, encoded
 
 JOB = "job-1"
@@ -69,20 +69,20 @@ class TestCancelled:
         inbox = backend.inbox()
         assert not await inbox.cancelled(JOB)
 
-        await backend.store.record(cancel())
+        await record(backend.store, cancel())
 
         assert await inbox.cancelled(JOB)
 
     async def test_an_input_is_no_cancel(self, backend: Backend) -> None:
-        await backend.store.record(reply("oui", "a"))
+        await record(backend.store, reply("oui", "a"))
 
         assert not await backend.inbox().cancelled(JOB)
 
 
 class TestMessages:
     async def test_each_message_once_in_order_to_one_reader(self, backend: Backend) -> None:
-        await backend.store.record(reply("a", "1"))
-        await backend.store.record(cancel("2"))
+        await record(backend.store, reply("a", "1"))
+        await record(backend.store, cancel("2"))
 
         messages = await taken(backend.inbox(), 2)
 
@@ -94,13 +94,13 @@ class TestMessages:
         await asyncio.sleep(0.01)
         assert not reading.done()
 
-        await backend.store.record(reply("late", "1"))
+        await record(backend.store, reply("late", "1"))
 
         assert [m.body for m in await reading] == [{"input": "late"}]
 
     async def test_a_restarted_reader_gets_the_unacknowledged_again(self, backend: Backend) -> None:
-        await backend.store.record(reply("a", "1"))
-        await backend.store.record(reply("b", "2"))
+        await record(backend.store, reply("a", "1"))
+        await record(backend.store, reply("b", "2"))
         first, _ = await taken(backend.inbox(), 2)
         await backend.inbox().acknowledge(first)
 
@@ -110,8 +110,8 @@ class TestMessages:
 
     async def test_next_is_the_same_message_until_acknowledged(self, backend: Backend) -> None:
         inbox = backend.inbox()
-        await backend.store.record(reply("a", "1"))
-        await backend.store.record(reply("b", "2"))
+        await record(backend.store, reply("a", "1"))
+        await record(backend.store, reply("b", "2"))
 
         first = await inbox.next(JOB, timeout_s=1)
         same = await inbox.next(JOB, timeout_s=1)
@@ -124,7 +124,7 @@ class TestMessages:
         assert then.body == {"input": "b"}
 
     async def test_nothing_is_handed_once_the_job_has_ended(self, backend: Backend) -> None:
-        await backend.store.record(reply("a", "1"))
+        await record(backend.store, reply("a", "1"))
         await backend.end()
 
         async with asyncio.timeout(10):

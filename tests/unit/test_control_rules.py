@@ -165,7 +165,7 @@ class TestControlRequest:
             (ControlKind.INPUT, b'{"input":"' + b"x" * MAX_CONTROL_BODY_BYTES + b'"}', "k",
              "the body has 4108 bytes (max 4096)"),
             (ControlKind.INPUT, b"{nope", "k", "the body is not JSON: "),
-            (ControlKind.INPUT, b"NaN", "k", "the body is not JSON: NaN is not JSON"),
+            (ControlKind.INPUT, b"NaN", "k", "the body holds NaN, which JSON cannot carry"),
             (ControlKind.INPUT, b"[1]", "k", "the body must be a JSON object"),
             (ControlKind.INPUT, b'"yes"', "k", "the body must be a JSON object"),
             (ControlKind.INPUT, b"{}", "k", "an input needs at least one member"),

@@ -24,6 +24,7 @@ from eco_router.application.demo_jobs import (
 from eco_router.domain.control import ControlKind, control_request
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import ProducerConfig
+from tests.contracts.control_store import record
 
 SCAN = StreamFamily("scan:events", 2)
 STAGES = ("vision", "rule", "answer", "reward")
@@ -257,7 +258,7 @@ class TestAChatJobStartedFromThePage:
         job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True, ask=True))
         await self.until_entry(streams, "needs_input")
 
-        await store.record(control_request("scan", "chat-1", ControlKind.INPUT,
+        await record(store, control_request("scan", "chat-1", ControlKind.INPUT,
                                            b'{"input": "the weather"}', "r1"))  # fmt: skip
         tally = await job
 
@@ -268,28 +269,32 @@ class TestAChatJobStartedFromThePage:
         assert answer(entries) == CHAT_ANSWERS[1]
         assert shape(entries)[-1] == ("done", "done", "181")
         assert tally.jobs_finished == 1
-        assert [m.state.value for m in await store.messages("scan", "chat-1")] == ["acknowledged"]
+        assert [m.state.value for m in (await store.messages("scan", "chat-1")).messages] == [
+            "acknowledged"
+        ]
 
     async def test_a_cancel_stops_its_typing_and_ends_it_cancelled(self) -> None:
         run, streams, store = self.make(tokens_per_s=100.0)
         job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True))
         await self.until_entry(streams, "token", 3)
 
-        await store.record(control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
+        await record(store, control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
         await job
 
         entries = job_entries(streams)["chat-1"]
         assert shape(entries)[-1] == ("done", "cancelled", "181")
         assert answer(entries) not in CHAT_ANSWERS
         assert orjson.loads(entries[-1]["result"]) == {"answer_chars": len(answer(entries))}
-        assert [m.state.value for m in await store.messages("scan", "chat-1")] == ["acknowledged"]
+        assert [m.state.value for m in (await store.messages("scan", "chat-1")).messages] == [
+            "acknowledged"
+        ]
 
     async def test_a_cancel_in_place_of_the_reply_ends_it_before_any_token(self) -> None:
         run, streams, store = self.make()
         job = asyncio.create_task(run.run_one("chat-1", asyncio.Event(), chat=True, ask=True))
         await self.until_entry(streams, "needs_input")
 
-        await store.record(control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
+        await record(store, control_request("scan", "chat-1", ControlKind.CANCEL, b"", "c1"))
         await job
 
         entries = job_entries(streams)["chat-1"]
