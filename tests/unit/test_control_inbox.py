@@ -143,3 +143,24 @@ class TestMessages:
     async def test_next_is_none_after_its_timeout(self, backend: Backend) -> None:
         # A short timeout: what is tested is that the wait ends, not how long it takes.
         assert await backend.inbox().next(JOB, timeout_s=0.05) is None
+
+    async def test_a_read_without_waiting_sees_a_cancel_after_many_acknowledged(
+        self, backend: Backend
+    ) -> None:
+        for n in range(150):
+            message_id = await record(backend.store, reply(str(n), f"r{n}"))
+            await backend.store.acknowledge("chat", JOB, message_id)
+        await record(backend.store, cancel("stop"))
+
+        found = await backend.inbox().next(JOB, timeout_s=0)
+
+        assert found is not None
+        assert found.request_id == "stop"
+
+    async def test_a_read_without_waiting_hands_more_than_a_page(self, backend: Backend) -> None:
+        for n in range(150):
+            await record(backend.store, reply(str(n), f"r{n}"))
+
+        handed = [m.number async for m in backend.inbox().messages(JOB, timeout_s=0)]
+
+        assert handed == list(range(1, 151))
