@@ -15,8 +15,10 @@ import pytest
 from eco_router.adapters.redis.connections.connection import RedisClient, async_redis_client
 from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind, ReplicaWait
 from eco_router.adapters.redis.control_store import RedisControlStore
+from eco_router.adapters.redis.keys import JobKeys
 from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.adapters.system_clock import SystemClock
+from eco_router.application.send_control import SendControl
 from eco_router.domain.control import ControlKind, Recorded, control_request
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import connect, connect_async, producer_config
@@ -149,10 +151,13 @@ class TestControlStore:
         )
         request = control_request("chat", "job-c", ControlKind.CANCEL, b"", "r-1")
         stream = family.stream_for("job-c")
+        # The job has started: a router applied its first event.
+        await client.set(JobKeys.in_family(family, "job-c").state, '{"stage":"queued"}')
+        send = SendControl(store=store, clock=SystemClock())
 
         with paused(replicas_of(topology, stream)), pytest.raises(ReplicasBehind):
-            await store.record(request)
-        again = await store.record(request)
+            await send(request)
+        again = await send(request)
 
         assert again.outcome is Recorded.DUPLICATE
-        assert len(await store.messages("chat", "job-c")) == 1
+        assert (await store.messages("chat", "job-c")).total == 1
