@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
 from bench.redis_servers import redis_servers
 from bench.reporting import percentile, run_benchmark, step
-from eco_router.producer import connect, connect_async, producer_config
+from eco_router.adapters.redis.keys import JobKeys
+from eco_router.producer import StreamPublisher, connect, connect_async, producer_config
 
 
 @dataclass
@@ -76,6 +78,19 @@ def _serve(streams_url: str, pubsub_url: str, log: Path) -> tuple[subprocess.Pop
     raise SystemExit(f"serve did not become ready:\n{log.read_text()[-2000:]}")
 
 
+def started(publisher: StreamPublisher, streams_url: str, job: str) -> None:
+    """Publish the job's `queued` and wait until the router applied it: a job without any
+    event takes no control message."""
+    publisher.publish_stage_event(job, "queued", "queued")
+    state = JobKeys.in_family(producer_config(domain="chat", shards=4).family, job).state
+    with redis.Redis.from_url(streams_url) as client:
+        deadline = time.monotonic() + 10
+        while not client.exists(state):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {job}'s queued was not routed within 10 s")
+            time.sleep(0.002)
+
+
 def _latency(base: str, streams_url: str, count: int) -> tuple[list[float], list[float]]:
     publisher = connect(streams_url, producer_config(domain="chat", shards=4))
     accepted: list[float] = []
@@ -83,6 +98,7 @@ def _latency(base: str, streams_url: str, count: int) -> tuple[list[float], list
     with httpx.Client(base_url=base, trust_env=False, timeout=10) as client:
         for n in range(count):
             job = f"bench-control-{n}"
+            started(publisher, streams_url, job)
             seen: list[float] = []
             waiting = threading.Event()
 
@@ -115,8 +131,11 @@ def _latency(base: str, streams_url: str, count: int) -> tuple[list[float], list
 def _check_cost(base: str, streams_url: str, calls: int) -> dict[str, float]:
     config = producer_config(domain="chat", shards=4)
     publisher = connect(streams_url, config)
+    started(publisher, streams_url, "bench-cancelled")
     with httpx.Client(base_url=base, trust_env=False, timeout=10) as client:
-        client.post("/api/v1/chat/bench-cancelled/cancel", headers={"Idempotency-Key": "c"})
+        sent = client.post("/api/v1/chat/bench-cancelled/cancel", headers={"Idempotency-Key": "c"})
+        if sent.status_code != 202:
+            raise SystemExit(f"POST answered {sent.status_code}: {sent.text}")
     out: dict[str, float] = {}
     for job, label in (("bench-running", "not cancelled"), ("bench-cancelled", "cancelled")):
         publisher.cancelled(job)
