@@ -19,6 +19,7 @@ from eco_router.domain.verdict import (
     NEW_REPUBLISH,
     NEW_RESTART,
     STALE,
+    STALE_AFTER_END,
     TEXT_FILLED,
     TEXT_FULL,
     Judgement,
@@ -527,6 +528,129 @@ class StateStoreContract(ContractFamilies):
         view = await store.view("chat", "job-1")
         assert (before.text_last_id, before.text_written_ms) == (None, None)
         assert (view.text_last_id, view.text_written_ms) == (1002, 1700000000456)
+
+    # the end ends the text: a token written after the job's end changes nothing
+
+    def hello_world(self) -> list[EncodedEvent]:
+        """The issue's job up to its end: queued, "Hello world" in three tokens, then done
+        (ids 10, 1001-1003, 1004)."""
+        return [
+            self.chat_event(10, stage="queued", status="started"),
+            self.token(1001, "Hello"),
+            self.token(1002, " "),
+            self.token(1003, "world"),
+            self.chat_event(180, stage="done", status="completed"),
+        ]
+
+    async def assert_hello_world_as_the_end_left_it(self, store: StateStore) -> None:
+        """The text, its last id and the end's check as they were when the job ended."""
+        assert await store.text("chat", "job-1") == JobText(
+            b"Hello world", last_id=1003, last_seq=1003, attempt=0
+        )
+        view = await store.view("chat", "job-1")
+        assert view.text_last_id == 1003
+        assert view.state is not None
+        assert view.state.startswith(
+            b'{"event_id":1004,"prev_event_id":1003,' + text_check(b"Hello world", truncated=False)
+        )
+
+    async def test_a_token_after_the_jobs_end_is_stale_and_the_text_agrees_with_its_check(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        ended = await self.apply_stamped(store, self.hello_world())
+
+        applied = await self.apply_stamped(store, [self.token(1004, "!")])
+
+        assert (applied.judgements, applied.stamps) == ([STALE_AFTER_END], [None])
+        assert ended.stamps[-1] == b'"event_id":1004,"prev_event_id":1003,' + text_check(
+            b"Hello world", truncated=False
+        )
+        await self.assert_hello_world_as_the_end_left_it(store)
+
+    async def test_a_token_after_the_end_in_the_same_batch_is_stale_too(self) -> None:
+        store = await self.make_store()
+
+        applied = await self.apply_stamped(store, [*self.hello_world(), self.token(1004, "!")])
+
+        assert applied.judgements == [NEW_APPLY] * 5 + [STALE_AFTER_END]
+        assert applied.stamps[-1] is None
+        await self.assert_hello_world_as_the_end_left_it(store)
+
+    async def test_only_the_first_token_after_the_end_is_told_apart(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, self.hello_world())
+
+        first = await self.apply(store, [self.token(1004, "!"), self.token(1005, "?")])
+        then = await self.apply(store, [self.token(1006, ".")])
+
+        assert first + then == [STALE_AFTER_END, STALE, STALE]
+        await self.assert_hello_world_as_the_end_left_it(store)
+
+    async def test_a_token_written_again_after_the_end_is_still_a_duplicate(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, self.hello_world())
+
+        again = [self.token(1003, "world"), self.token(1002, " ", stream_id=entry_id(99))]
+
+        assert await self.apply(store, again) == [DUPLICATE, DUPLICATE]
+        # A duplicate is no late write: the first token written after the end is still told.
+        assert await self.apply(store, [self.token(1004, "!")]) == [STALE_AFTER_END]
+        await self.assert_hello_world_as_the_end_left_it(store)
+
+    async def test_a_newer_attempts_token_after_the_end_restarts_nothing(self) -> None:
+        store = await self.make_store()
+        await self.apply(store, self.hello_world())
+
+        applied = await self.apply_stamped(
+            store, [self.token(1001, "again", attempt=1, stream_id=entry_id(11))]
+        )
+
+        assert (applied.judgements, applied.stamps) == ([STALE_AFTER_END], [None])
+        await self.assert_hello_world_as_the_end_left_it(store)
+
+    async def test_a_token_after_a_failure_is_stale(self) -> None:
+        store = await self.make_store()
+        failed = self.chat_event(162, stage="answer", status="failed")
+        await self.apply(store, [self.token(1001, "Hel"), failed])
+
+        assert await self.apply(store, [self.token(1002, "lo")]) == [STALE_AFTER_END]
+        assert await store.text("chat", "job-1") == JobText(
+            b"Hel", last_id=1001, last_seq=1001, attempt=0
+        )
+
+    async def test_a_token_after_the_end_of_a_job_without_text_leaves_it_without(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        await self.apply(store, [self.chat_event(180, stage="done", status="completed")])
+
+        assert await self.apply(store, [self.token(1001, "late")]) == [STALE_AFTER_END]
+        # Nothing of the late token is kept: a token of an older attempt is not stale for it.
+        assert await self.apply(store, [self.token(1002, "later", attempt=0)]) == [STALE]
+        assert await store.text("chat", "job-1") is None
+        view = await store.view("chat", "job-1")
+        assert (view.text_last_id, view.text_written_ms) == (None, None)
+
+    async def test_a_stage_event_after_the_end_that_does_not_end_the_job_reopens_its_text(
+        self,
+    ) -> None:
+        # The end is the job's latest stage event, as the gateway sees it: a later stage
+        # event that is no end (a worker that went on) takes the job out of its end.
+        store = await self.make_store()
+        await self.apply(store, self.hello_world())
+        await self.apply(store, [self.token(1004, "!")])
+
+        went_on = self.chat_event(190, stage="answer", status="started")
+        applied = await self.apply(store, [went_on, self.token(1005, "!")])
+
+        assert applied == [NEW_APPLY, NEW_APPLY]
+        text = await store.text("chat", "job-1")
+        assert text is not None
+        assert text.text == b"Hello world!"
+        # Ended again: the first late token is told apart again.
+        await self.apply(store, [self.chat_event(191, stage="done", status="completed")])
+        assert await self.apply(store, [self.token(1006, "?")]) == [STALE_AFTER_END]
 
     # stamps
 

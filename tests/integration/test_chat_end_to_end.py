@@ -27,10 +27,11 @@ from tests.browser.test_reference_chat import (
     answer_deltas,
     stage_entry,
     text_up_to,
+    token_entry,
     token_seq,
 )
 from tests.integration.sse_client import SseEvent, open_sse, read_events, sse_client
-from tests.integration.support import eventually, job_state
+from tests.integration.support import GROUP, eventually, job_state
 from tests.integration.test_gateway import Gateway, module_gateway
 
 # The default families: the reference worker shards a job over four `chat:events` streams.
@@ -208,6 +209,52 @@ class TestAResumeAfterTheEnd:
             ) as stream,
         ):
             assert stream.status_code == 204
+
+
+class TestATokenWrittenAfterTheEnd:
+    """The worker writes one more token after its done (a retry racing the end, a buggy
+    worker): the end ends the text."""
+
+    async def late_token_routed(self, gateway: Gateway, job_id: str, seq: int) -> None:
+        """One token after the job's end, written as the worker writes them; back once the
+        router has read and acked it."""
+        client = Redis.from_url(gateway.streams_url)
+        stream = CHAT.stream_for(job_id)
+        try:
+            written = (await client.xadd(stream, token_entry(job_id, seq, "!"))).decode()
+
+            async def acked() -> bool:
+                group = next(
+                    g for g in await client.xinfo_groups(stream) if g["name"].decode() == GROUP
+                )
+                delivered = group["last-delivered-id"].decode()
+                caught_up = tuple(map(int, delivered.split("-"))) >= tuple(
+                    map(int, written.split("-"))
+                )
+                return caught_up and group["pending"] == 0
+
+            await eventually(acked, what=f"the late token of {job_id} routed")
+        finally:
+            await client.aclose()
+
+    async def test_a_late_viewer_gets_the_whole_text_and_a_resume_from_done_gets_204(
+        self, gateway: Gateway, token_path: str
+    ) -> None:
+        worker = await answered(gateway, token_path, 30)
+        done_id = token_seq(30) + 2
+        await self.late_token_routed(gateway, worker.job_id, token_seq(31))
+
+        async with sse_client(gateway.base_url) as http:
+            frames = await read_events(http, events_path(worker.job_id), timeout_s=READ_TIMEOUT_S)
+            async with open_sse(
+                http, events_path(worker.job_id), headers={"Last-Event-ID": str(done_id)}
+            ) as stream:
+                resumed = stream.status_code
+
+        assert text_seen(frames) == worker.text
+        assert (frames[-1].event, frames[-1].seq) == ("done", done_id)
+        assert frames[-1].json()["text_check"]["bytes"] == len(worker.text.encode())
+        assert resumed == 204
 
 
 class TestResumesWhileTokensStream:

@@ -20,6 +20,7 @@ from eco_router.domain.verdict import (
     NEW_REPUBLISH,
     NEW_RESTART,
     STALE,
+    STALE_AFTER_END,
     TEXT_FILLED,
     TEXT_FULL,
     Judgement,
@@ -626,6 +627,58 @@ class TestTokens:
         assert await streams_redis.hget(CHAT_JOB.text_state, "full") == b"0"
 
 
+class TestAfterTheEnd:
+    """The markers' "ended" field: "1" once the newest applied stage event ends the job, "2"
+    once a token came after that end; a token after the end leaves the text keys alone."""
+
+    async def test_code_a_the_first_token_after_the_end_is_stale_and_3_follows(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [token(1001, "Hi"), chat(180, stage="done", status="completed")])
+        markers = await streams_redis.hgetall(CHAT_JOB.markers)
+        text = await _text_keys(streams_redis)
+        assert markers[b"ended"] == b"1"
+
+        first = await apply_stamped(store, [token(1002, "!"), token(1003, "?")])
+        then = await apply_stamped(store, [token(1004, ".")])
+
+        assert first.judgements + then.judgements == [STALE_AFTER_END, STALE, STALE]
+        assert first.stamps + then.stamps == [None] * 3
+        # Only the markers' "ended" moved on: the first late token was told apart.
+        assert await streams_redis.hgetall(CHAT_JOB.markers) == markers | {b"ended": b"2"}
+        assert await _text_keys(streams_redis) == text
+
+    async def test_a_token_after_the_end_of_a_job_without_text_writes_no_text_keys(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [chat(162, stage="answer", status="failed")])
+
+        assert await apply(store, [token(1001, "late", attempt=1)]) == [STALE_AFTER_END]
+        assert await streams_redis.exists(CHAT_JOB.text_state, CHAT_JOB.text) == 0
+
+    async def test_a_stage_event_that_is_no_end_unmarks_it_and_only_a_change_is_written(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [chat(1, stage="started")])
+        assert await streams_redis.hget(CHAT_JOB.markers, "ended") is None
+
+        await apply(store, [chat(180, stage="done", status="completed"), token(1001, "x")])
+        assert await streams_redis.hget(CHAT_JOB.markers, "ended") == b"2"
+
+        await apply(store, [chat(190, stage="answer", status="started")])
+        assert await streams_redis.hget(CHAT_JOB.markers, "ended") == b"0"
+        assert await apply(store, [token(1002, "y")]) == [NEW_APPLY]
+
+    async def test_markers_without_the_field_are_of_a_job_not_ended(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        # Markers written before the field: the job's end is known from its next one on.
+        await apply(store, [chat(180, stage="done", status="completed")])
+        await streams_redis.hdel(CHAT_JOB.markers, "ended")
+
+        assert await apply(store, [token(1001, "a")]) == [NEW_APPLY]
+
+
 class TestEventIds:
     """One sequence of event ids per job, and the stamps the script puts on what it routes."""
 
@@ -1098,6 +1151,10 @@ class TestHistoryBytes:
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-10:]
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"10000"
+
+
+async def _text_keys(redis: Redis, job: JobKeys = CHAT_JOB) -> tuple[object, ...]:
+    return (await redis.hgetall(job.text_state), await redis.get(job.text))
 
 
 async def _snapshot(redis: Redis, job: JobKeys = JOB) -> tuple[object, ...]:

@@ -83,6 +83,16 @@ class Retry:
     delta: str
 
 
+@dataclass(frozen=True)
+class Late:
+    """After the job's end, the task writes one more token (a retry racing the end, a buggy
+    worker), `retried`: as the first token of a new attempt. The end ends the text: no
+    viewer gets it."""
+
+    delta: str
+    retried: bool = False
+
+
 class Death(enum.Enum):
     """Where a router dies in a batch; nothing it read is acked."""
 
@@ -134,7 +144,7 @@ class Run:
     turns: int
 
 
-Step = Write | Stage | Again | Retry | Route | Join | Leave | Return | Run
+Step = Write | Stage | Again | Retry | Late | Route | Join | Leave | Return | Run
 
 
 # Hangul, an emoji sequence, JSON's special characters, a newline: what a frame must carry.
@@ -166,9 +176,15 @@ answer_steps = st.lists(
 )
 # A viewer that keeps up, and one whose queue overflows unless it reads between batches.
 queue_sizes = st.sampled_from([256, 256, 2])
-# After the end the task writes nothing new; its entries may still come again.
+# After the end its entries may come again, and a late token may come after it.
 end_steps = st.lists(
-    st.one_of(st.builds(Again, st.integers(0, 6)), routes, viewer_steps), max_size=12
+    st.one_of(
+        st.builds(Again, st.integers(0, 6)),
+        st.builds(Late, deltas, st.booleans()),
+        routes,
+        viewer_steps,
+    ),
+    max_size=12,
 )
 
 
@@ -218,6 +234,16 @@ class Task:
         self._token_seq = FIRST_TOKEN_SEQ
         self.write(160, stage="answer", status="started")
         self.token(delta)
+
+    def late(self, delta: str, *, retried: bool) -> None:
+        """A token after the end: not in any attempt's text, as none may show it."""
+        fields = {"stage": "token", "status": "streaming", "content": delta, "node": "answer"}
+        attempt = self.attempt + 1 if retried else self.attempt
+        if attempt:
+            fields["attempt"] = str(attempt)
+        self.write(FIRST_TOKEN_SEQ if retried else self._token_seq, **fields)
+        if not retried:
+            self._token_seq += 1
 
     def end(self) -> None:
         self.write(180, stage="answer", status="completed")
@@ -404,6 +430,8 @@ class Answer:
                 self.task.again(back)
             case Retry(delta):
                 self.task.retried(delta)
+            case Late(delta, retried):
+                self.task.late(delta, retried=retried)
             case Route():
                 await self.routers.route(step)
             case Join(racing, direct) if len(self.browsers) < MAX_VIEWERS:
@@ -466,7 +494,7 @@ DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
 # The interleavings that matter most, run every time whatever hypothesis draws: tokens a
 # router applied and died before publishing; a retried task while a viewer watches (through
 # the stream, and written straight to its connection); an entry written again after the end;
-# an older attempt's token written again after the end.
+# an older attempt's token written again after the end; tokens written after the end.
 @example([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256, False)
 @example([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256, False)
 @example(DIED_AFTER_APPLY_WHILE_WATCHED, [], 256, True)
@@ -474,6 +502,8 @@ DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
 @example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, True)
 @example([Write("a"), Write("b")], [Again(3)], 256, True)
 @example([Write("old"), Retry("new")], [Again(4)], 256, True)
+@example([Write("a"), Route(12)], [Late("!"), Route(12)], 256, True)
+@example([Write("a")], [Late("b"), Late("c", retried=True), Again(0)], 256, False)
 def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
     answer: list[Step], after_the_end: list[Step], queue_size: int, direct: bool
 ) -> None:

@@ -5,6 +5,7 @@ the entries (stage seqs below 1000, tokens from 1001) and its frontend rebuilds 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -234,6 +235,82 @@ class TestResuming:
 
         assert await gw.stream.already_ended("scan", "job-1", 1012)
         assert not await gw.stream.already_ended("scan", "job-1", 1005)
+
+
+class TestATokenWrittenAfterTheEnd:
+    """A worker that writes a token after its job's `done` (a retry racing the end, a buggy
+    worker): the end ends the text, whatever comes after it."""
+
+    async def hello_world_then_a_late_token(self, gw: Gateway, *, one_batch: bool) -> None:
+        """queued (10), "Hello", " ", "world" (1001-1003), done (180, id 1004), then "!"."""
+        if one_batch:
+            streaming = {"stage": "token", "status": "streaming"}
+            gw.h.xadd("job-1", 10, stage="queued", status="started")
+            for seq, delta in ((1001, "Hello"), (1002, " "), (1003, "world")):
+                gw.h.xadd("job-1", seq, content=delta, **streaming)
+            gw.h.xadd("job-1", 180, stage="done", status="completed")
+            gw.h.xadd("job-1", 1004, content="!", **streaming)
+            await gw.h.route(await gw.h.read())
+            return
+        chat = Chat(gw)
+        await chat.stage(10, "queued", "started")
+        await chat.tokens(["Hello", " ", "world"])
+        await chat.stage(180, "done", "completed")
+        await chat.tokens(["!"])
+
+    @pytest.mark.parametrize("one_batch", [False, True], ids=["routed apart", "one batch"])
+    async def test_a_viewer_after_the_end_gets_the_whole_text_then_the_end(
+        self, gw: Gateway, one_batch: bool
+    ) -> None:
+        await self.hello_world_then_a_late_token(gw, one_batch=one_batch)
+
+        frames = await ended(gw.connect())
+
+        assert [(f.id, f.event) for f in frames] == [
+            (10, "queued"),
+            (1003, "token_recovery"),
+            (1004, "done"),
+        ]
+        assert text_seen(frames) == "Hello world"
+        assert frames[-1].data["text_check"] == {
+            "bytes": 11,
+            "sha1": hashlib.sha1(b"Hello world").hexdigest(),
+            "truncated": False,
+        }
+
+    async def test_the_stored_text_is_the_one_the_ends_check_describes(self, gw: Gateway) -> None:
+        await self.hello_world_then_a_late_token(gw, one_batch=False)
+
+        text = await gw.h.store.text("scan", "job-1")
+
+        assert text is not None
+        assert (text.text, text.last_id) == (b"Hello world", 1003)
+
+    async def test_a_resume_from_the_end_is_told_the_job_ended(self, gw: Gateway) -> None:
+        await self.hello_world_then_a_late_token(gw, one_batch=False)
+
+        resumed = gw.connect(last_event_id=1004)
+
+        assert await gw.stream.already_ended("scan", "job-1", 1004)
+        assert await ended(resumed) == []
+
+    async def test_late_tokens_are_counted_stale_and_warned_of_once_for_the_job(
+        self, gw: Gateway, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        chat = Chat(gw)
+        await chat.tokens(["Hello"])
+        await chat.stage(180, "done", "completed")
+
+        with caplog.at_level(logging.WARNING, logger="eco_router.application.route_batch"):
+            await chat.tokens(["!", "?"])
+            await chat.tokens(["."])
+
+        assert gw.h.metrics.verdicts[("scan", Verdict.STALE)] == 3
+        warned = [r.getMessage() for r in caplog.records if "after its end" in r.getMessage()]
+        assert warned == [
+            "a token of scan job job-1 was written after its end (done or failed): it and "
+            "the job's later tokens are not routed"
+        ]
 
 
 class TestMissedLiveEvents:

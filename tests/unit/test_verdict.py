@@ -8,13 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eco_router.domain.event import JobEvent
+from eco_router.domain.event import JobEvent, ends_job
+from eco_router.domain.text import TextRecord
 from eco_router.domain.verdict import (
     DUPLICATE,
     NEW_APPLY,
     NEW_IN_PLACE_OF_GONE,
     NEW_REPUBLISH,
+    NEW_RESTART,
     STALE,
+    STALE_AFTER_END,
     JobRecord,
     Judgement,
     Verdict,
@@ -103,6 +106,93 @@ class TestJudge:
             False,
             False,
         ]
+
+
+def make_token(seq: int, *, attempt: int = 0, content: str = "x") -> JobEvent:
+    return make_event(
+        stage="token", status="streaming", seq=seq, attempt=attempt, extra={"content": content}
+    )
+
+
+# "Hello world" of attempt 0, up to token 1003.
+HELLO_WORLD = TextRecord(attempt=0, last_seq=1003, size=11)
+
+
+class TestJudgeToken:
+    @pytest.mark.parametrize(
+        ("record", "token", "expected"),
+        [
+            pytest.param(JobRecord(text=HELLO_WORLD), make_token(1004), NEW_APPLY, id="next"),
+            pytest.param(
+                JobRecord(text=HELLO_WORLD, ended=True),
+                make_token(1004),
+                STALE_AFTER_END,
+                id="the first after the end: STALE, told apart",
+            ),
+            pytest.param(
+                JobRecord(text=HELLO_WORLD, ended=True, written_after_end=True),
+                make_token(1005),
+                STALE,
+                id="a later one after the end: STALE",
+            ),
+            pytest.param(
+                JobRecord(text=HELLO_WORLD, ended=True),
+                make_token(1003),
+                DUPLICATE,
+                id="written again after the end: still a DUPLICATE",
+            ),
+            pytest.param(
+                JobRecord(text=HELLO_WORLD, ended=True),
+                make_token(1001, attempt=1),
+                STALE_AFTER_END,
+                id="a newer attempt after the end restarts nothing",
+            ),
+            pytest.param(
+                JobRecord(text=TextRecord(attempt=1, last_seq=1001, size=1), ended=True),
+                make_token(1002, attempt=0),
+                STALE,
+                id="an older attempt after the end: STALE as before it",
+            ),
+            pytest.param(
+                JobRecord(ended=True),
+                make_token(1001),
+                STALE_AFTER_END,
+                id="the first token of a job that ended without text",
+            ),
+            pytest.param(
+                JobRecord(text=TextRecord(attempt=0, last_seq=1001, size=1, full=True), ended=True),
+                make_token(1002),
+                STALE_AFTER_END,
+                id="after the end of a full text: STALE, not TEXT_FULL",
+            ),
+            pytest.param(
+                JobRecord(text=HELLO_WORLD),
+                make_token(1001, attempt=1),
+                NEW_RESTART,
+                id="a newer attempt before the end restarts the text",
+            ),
+        ],
+    )
+    def test_token_table(self, record: JobRecord, token: JobEvent, expected: Judgement) -> None:
+        assert judge(token, record) == expected
+
+    @pytest.mark.parametrize(
+        ("stage", "status", "ends"),
+        [
+            ("done", "completed", True),
+            ("done", "done", True),
+            ("answer", "done", True),
+            ("answer", "failed", True),
+            ("answer", "completed", False),
+            ("needs_input", "waiting", False),
+            (None, None, False),
+        ],
+    )
+    def test_done_or_a_failure_ends_the_job(
+        self, stage: str | None, status: str | None, ends: bool
+    ) -> None:
+        assert ends_job(stage, status) is ends
+        assert make_event(stage=stage, status=status).is_terminal is ends
 
 
 class TestInJudgingOrder:

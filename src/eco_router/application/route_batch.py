@@ -59,6 +59,8 @@ class RouteBatch:
       encoder made anyway.
     - Each job's events are judged in seq order, the whole batch in one atomic store call.
     - NEW events are published in that order; DUPLICATE and STALE ones are only acked.
+    - A token written after its job's end is STALE (the end ends the text); the first one
+      of a job is logged at warning, the later ones only counted.
     - Publish-then-ack: when the publish fails, the NEW entries stay unacked and are returned
       as unsettled, so a retry (or another consumer) publishes them; everything else is acked,
       or, with `ack=False`, returned as `to_ack` for the caller to ack in its next round trip.
@@ -168,6 +170,13 @@ class RouteBatch:
                 log.warning(
                     "the text of %s job %s is full (EVENT_ROUTER_TEXT_MAX_BYTES): its later "
                     "tokens are not routed and its end marks the text truncated",
+                    item.event.domain,
+                    item.event.job_id,
+                )
+            if judgement.first_after_end:
+                log.warning(
+                    "a token of %s job %s was written after its end (done or failed): it and "
+                    "the job's later tokens are not routed",
                     item.event.domain,
                     item.event.job_id,
                 )

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from eco_router.domain.errors import DomainError
-from eco_router.domain.event import CANCEL_REQUESTED, INPUT_RECEIVED
+from eco_router.domain.event import CANCEL_REQUESTED, INPUT_RECEIVED, ends_job
 from eco_router.domain.json_result import InvalidResult, parse_result
 
 # A control body is a short JSON object (a reply, a reason); a bigger one is a result to send
@@ -381,7 +381,7 @@ def lifecycle_event_id(last_id: int | None) -> int:
 
 def has_ended(state: Mapping[str, Any] | None) -> bool:
     """Whether a job's state (its latest applied stage event) is its end: `done`, or a
-    failure; as the gateway ends a stream on it."""
+    failure (`ends_job`); as the gateway ends a stream on it."""
     if state is None:
         return False
-    return state.get("stage") == "done" or state.get("status") in {"done", "failed"}
+    return ends_job(state.get("stage"), state.get("status"))

@@ -21,6 +21,13 @@ INPUT_RECEIVED = "input_received"
 LIFECYCLE_STAGES = frozenset({CANCEL_REQUESTED, INPUT_RECEIVED, "needs_input"})
 
 
+def ends_job(stage: str | None, status: str | None) -> bool:
+    """Whether a stage event is its job's end: `done`, or a failure. Nothing follows it: the
+    gateway ends a stream on it, a control request is refused after it, and a token written
+    after it is stale."""
+    return stage == "done" or status in {"done", "failed"}
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class StreamEntryId:
     """A Redis stream entry id, `<milliseconds>-<sequence>`."""
@@ -62,8 +69,8 @@ class JobEvent:
 
     @property
     def is_terminal(self) -> bool:
-        """Done or failed: nothing follows for this job."""
-        return self.stage == "done" or self.status in {"done", "failed"}
+        """Done or failed: nothing follows for this job (`ends_job`)."""
+        return ends_job(self.stage, self.status)
 
     @property
     def is_token(self) -> bool:

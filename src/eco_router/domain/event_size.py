@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eco_router.domain.event import ends_job
 from eco_router.domain.rejection import Rejection, RejectReason
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024
@@ -13,7 +14,7 @@ DEFAULT_HISTORY_MAX_BYTES = 1024 * 1024
 
 def carries_outcome(*, stage: str | None, status: str | None, has_result: bool) -> bool:
     """A result, `done` or a failure: the events allowed the larger limit."""
-    return has_result or stage == "done" or status in {"done", "failed"}
+    return has_result or ends_job(stage, status)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,10 @@ class JobRecord:
     text: TextRecord = field(default_factory=TextRecord)
     # Lifecycle events are marked by `JobEvent.lifecycle_marker`, apart from stage seqs.
     lifecycle_by: Mapping[str, str] | None = None
+    # The job's latest applied stage event is its end (`ends_job`), and whether a token
+    # written after that end was judged already (the router warns of the first only).
+    ended: bool = False
+    written_after_end: bool = False
 
     def entry_that_applied(self, seq: int) -> str | None:
         return None if self.applied_by is None else self.applied_by.get(seq)
@@ -54,6 +58,8 @@ class Judgement:
     restarts: bool = False
     # The token that did not fit: from it on, the attempt's text is full.
     fills: bool = False
+    # The first token written after the job's end: stale, and the router warns once.
+    first_after_end: bool = False
 
     @property
     def publish(self) -> bool:
@@ -68,6 +74,7 @@ STALE = Judgement(Verdict.STALE)
 NEW_RESTART = Judgement(Verdict.NEW, apply=True, restarts=True)
 TEXT_FILLED = Judgement(Verdict.TEXT_FULL, fills=True)
 TEXT_FULL = Judgement(Verdict.TEXT_FULL)
+STALE_AFTER_END = Judgement(Verdict.STALE, first_after_end=True)
 
 
 def judge(
@@ -76,24 +83,30 @@ def judge(
     """Decide an event's fate: a token by `judge_token`, a lifecycle event by
     `judge_lifecycle`, a stage event by `judge_stage`."""
     if event.is_token:
-        return judge_token(event, record.text, text_max_bytes=text_max_bytes)
+        return judge_token(event, record, text_max_bytes=text_max_bytes)
     if event.is_lifecycle:
         return judge_lifecycle(event, record)
     return judge_stage(event, record)
 
 
-def judge_token(event: JobEvent, text: TextRecord, *, text_max_bytes: int) -> Judgement:
+def judge_token(event: JobEvent, record: JobRecord, *, text_max_bytes: int) -> Judgement:
     """Decide a token's fate; tokens are numbered apart from stage events, so a stage event
     after tokens is judged by its own seqs only.
 
     - A token of an older attempt than the text's: STALE (a retried task's late tokens).
     - A token of a newer attempt: the text restarts from it (NEW, restarts).
-    - A token at or below the attempt's last seq: DUPLICATE (never applied twice).
+    - A token at or below the attempt's last seq: DUPLICATE (never applied twice), after
+      the job's end too (an entry read again, or written again by a producer's retry).
+    - Any other token after the job's end (its latest stage event ends it, `ends_job`):
+      STALE, a newer attempt's too: the end ends the text, so the end's check, a late
+      viewer's text and a resume from the end stay as the end left them. The first one is
+      told apart (`first_after_end`) for the router to warn once for the job.
     - A token that does not fit in `text_max_bytes`: TEXT_FULL, and the attempt's text is
       full from it on (`fills`): later tokens are TEXT_FULL too, so every viewer holds the
       same text, which the terminal event's check marks truncated.
     - Anything else is NEW and is appended.
     """
+    text = record.text
     restarts = text.attempt is not None and event.attempt > text.attempt
     if text.attempt is not None and event.attempt < text.attempt:
         return STALE
@@ -101,6 +114,8 @@ def judge_token(event: JobEvent, text: TextRecord, *, text_max_bytes: int) -> Ju
         text = TextRecord(attempt=event.attempt)
     if text.last_seq is not None and event.seq <= text.last_seq:
         return DUPLICATE
+    if record.ended:
+        return STALE if record.written_after_end else STALE_AFTER_END
     if text.full:
         return TEXT_FULL
     if text.size + len(event.content.encode()) > text_max_bytes:

@@ -22,7 +22,7 @@ from eco_router.domain.text import (
     stamp,
     stamped,
 )
-from eco_router.domain.verdict import JobRecord, Judgement, judge
+from eco_router.domain.verdict import JobRecord, Judgement, Verdict, judge
 
 
 @dataclass(slots=True)
@@ -66,6 +66,9 @@ class _Job:
     history: list[bytes] = field(default_factory=list)
     history_bytes: int = 0
     text: _Text | None = None
+    # The latest applied stage event ends the job; a token was judged after that end.
+    ended: bool = False
+    written_after_end: bool = False
     state_expires_ms: int = 0
     markers_expire_ms: int = 0
 
@@ -150,6 +153,7 @@ class InMemoryStateStore(StateStore):
         fields = stamp(event_id, job.last_id, text_check=check)
         job.last_id = event_id
         job.last_seq = event.seq
+        job.ended, job.written_after_end = event.is_terminal, False
         job.applied_by[event.seq] = event.stream_id
         job.stamps[event.seq] = fields
         job.state = stamped(item.payload, fields)
@@ -181,6 +185,10 @@ class InMemoryStateStore(StateStore):
     def _settle_token(
         self, job: _Job, event: JobEvent, judgement: Judgement, now: int
     ) -> bytes | None:
+        if judgement.first_after_end:
+            job.written_after_end = True
+        if judgement.verdict is Verdict.STALE:
+            return None
         if judgement.restarts or job.text is None:
             job.text = _Text(event.attempt)
         text = job.text
@@ -202,7 +210,13 @@ class InMemoryStateStore(StateStore):
         when it is another entry the stream never held (as the script checks it)."""
         text = job.text.record() if job.text is not None else TextRecord()
         if event.is_token:
-            return JobRecord(job.last_seq, None, text=text)
+            return JobRecord(
+                job.last_seq,
+                None,
+                text=text,
+                ended=job.ended,
+                written_after_end=job.written_after_end,
+            )
         if event.is_lifecycle:
             by = job.lifecycle_by.get(event.lifecycle_marker)
         else:
@@ -266,4 +280,5 @@ class InMemoryStateStore(StateStore):
         if job.last_id is not None and now >= job.markers_expire_ms:
             job.applied_by, job.stamps, job.last_seq, job.last_id = {}, {}, None, None
             job.lifecycle_by, job.lifecycle_stamps = {}, {}
+            job.ended, job.written_after_end = False, False
         return job

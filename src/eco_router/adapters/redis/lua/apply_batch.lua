@@ -3,8 +3,10 @@
 -- KEYS: the fencing epoch of each shard written, then each one's stream, then per job five
 --       keys: state, history, applied-markers hash (fields: seq -> "<id of the entry that
 --       applied it> <its stamp>", plus "last" -> newest applied stage seq, "last_id" ->
---       newest event id given, "history_bytes" -> the history's total payload bytes and
---       "renewed" -> when the TTLs were last renewed, server time in seconds), the text's
+--       newest event id given, "history_bytes" -> the history's total payload bytes,
+--       "renewed" -> when the TTLs were last renewed, server time in seconds, and "ended" ->
+--       "1" when the newest applied stage event ends the job, "2" when a token came after
+--       that end too, "0" or none when it does not end it), the text's
 --       hash (attempt, seq and id and entry of its last token, bytes, full, the node of the
 --       run being written and where it began, the closed runs "node\tstart\tend\n"...) and
 --       the text itself.
@@ -30,11 +32,13 @@
 -- "3" stale, "5" new but applied earlier by another entry the stream never held (publish
 -- again; the marker moves to this entry), "6" a token that restarts the text (a newer
 -- attempt), "7" a token that does not fit in a full text, "8" the token that filled it
--- ("9": and restarted it), "4" not judged (its shard's token is no longer the caller's, or
--- an entry another consumer read, or a read whose reply was lost, comes before the read's
--- first); the 1-based indices of the fenced shards, then of the shards with such a gap; and
--- per event the fields to put first in its JSON when it is published ("" when it is not):
--- its event id, the id before it, and a restart flag or the text's check.
+-- ("9": and restarted it), "a" the first token after the job's end (stale, like the later
+-- ones: "3"; a token at or below the last seq stays a duplicate), "4" not judged (its
+-- shard's token is no longer the caller's, or an entry another consumer read, or a read
+-- whose reply was lost, comes before the read's first); the 1-based indices of the fenced
+-- shards, then of the shards with such a gap; and per event the fields to put first in its
+-- JSON when it is published ("" when it is not): its event id, the id before it, and a
+-- restart flag or the text's check.
 -- Work is grouped per job (one HMGET, one RPUSH, one HSET, one APPEND, ...) so a job's cost
 -- does not grow with the number of its events in the batch. The TTLs are renewed at most
 -- once per RENEW_EVERY seconds (and kept that much longer), not per batch: each key lives
@@ -219,7 +223,8 @@ local function apply_job(job, n, stream)
   local state_key, history, markers = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3]
   local text_state_key, text_key = KEYS[base + 4], KEYS[base + 5]
   fields[1], fields[2], fields[3], fields[4] = 'last', 'history_bytes', 'renewed', 'last_id'
-  local field_count = 4
+  fields[5] = 'ended'
+  local field_count = 5
   local with_text = false
   local at = n
   while at do
@@ -242,8 +247,12 @@ local function apply_job(job, n, stream)
   local known_id = tonumber(known[4])
   local last_id_text = known[4] or known[1] or nil
   local last_id = known_id or (known[1] and last_n) or nil
+  -- Whether the job has ended ("0" no, "1" yes, "2" and a token came after), as the batch
+  -- goes on: read once, a string compared per token.
+  local known_ended = known[5] or '0'
+  local ended = known_ended
   -- The markers given by this batch's events, when another one of the job's may look.
-  local given = field_count > 5 and {} or nil
+  local given = field_count > 6 and {} or nil
 
   local text
   if with_text then
@@ -283,6 +292,13 @@ local function apply_job(job, n, stream)
       local restarts = text.attempt ~= nil and attempt > text.attempt
       if text.attempt ~= nil and attempt < text.attempt then
         code = '3'
+      elseif ended ~= '0' and (attempt ~= text.attempt or seq_n > text.seq) then
+        -- After the job's end the text is as the end left it (`judge_token`).
+        if ended == '1' then
+          code, ended = 'a', '2'
+        else
+          code = '3'
+        end
       else
         if restarts or text.attempt == nil then
           if restarts then
@@ -368,6 +384,7 @@ local function apply_job(job, n, stream)
             extra = ''
           else
             last, last_n = seq, seq_n
+            ended = kind == 'e' and '1' or '0'
             id, id_text = seq_n, seq
             if last_id ~= nil and seq_n <= last_id then
               id = last_id + 1
@@ -478,6 +495,10 @@ local function apply_job(job, n, stream)
   end
   if last_id ~= nil and last_id ~= known_id then
     marks[mark_count + 1], marks[mark_count + 2] = 'last_id', last_id_text
+    mark_count = mark_count + 2
+  end
+  if ended ~= known_ended then
+    marks[mark_count + 1], marks[mark_count + 2] = 'ended', ended
     mark_count = mark_count + 2
   end
   if mark_count > 0 then

@@ -25,6 +25,7 @@ from eco_router.domain.verdict import (
     NEW_REPUBLISH,
     NEW_RESTART,
     STALE,
+    STALE_AFTER_END,
     TEXT_FILLED,
     TEXT_FULL,
     Judgement,
@@ -41,6 +42,7 @@ _JUDGEMENTS = {
     ord("7"): TEXT_FULL,
     ord("8"): TEXT_FILLED,
     ord("9"): Judgement(Verdict.TEXT_FULL, restarts=True, fills=True),
+    ord("a"): STALE_AFTER_END,
 }
 
 
