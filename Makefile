@@ -13,7 +13,7 @@ TOOLS := .tools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test redis-server chromium prometheus test check lint run worker bench \
-	bench-sse bench-many-jobs bench-chat bench-control soak reliability-report image bench-record bench-scaling fmt clean
+	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(RUN_STAMP)
 
@@ -133,6 +133,11 @@ bench-chat: venv redis-server
 # Control messages: POST → the worker's SDK latency, and the cost of the cancellation check.
 bench-control: venv redis-server
 	$(BIN)/python -m bench.control_bench $(if $(QUICK),--quick)
+
+# One viewer's flood of control messages and messages to unknown jobs: answers, memory, CPU
+# (QUICK=1: 1,000 and 200 posts).
+bench-control-flood: venv redis-server
+	$(BIN)/python -m bench.control_flood $(if $(QUICK),--quick)
 
 # Ten minutes of paced load and SSE clients; for operators, not CI (MINUTES=2 for a quick one).
 soak: venv-test redis-server

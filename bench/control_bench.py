@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,9 +52,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _serve(streams_url: str, pubsub_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def serve(
+    streams_url: str, pubsub_url: str, log: Path, settings: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """This tree's `eco-router serve` on the default settings (and `settings`), once ready."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENT_ROUTER_", "REDIS_"))}
     env |= {"REDIS_STREAMS_URL": streams_url, "REDIS_PUBSUB_URL": pubsub_url}
+    env |= dict(settings or {})
     port = _free_port()
     script = Path(sys.executable).with_name("eco-router")
     with log.open("wb") as out:
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> Report:
     with redis_servers() as (streams, pubsub):
         log = args.output.with_suffix(".serve.log")
         log.parent.mkdir(parents=True, exist_ok=True)
-        process, base = _serve(streams.url, pubsub.url, log)
+        process, base = serve(streams.url, pubsub.url, log)
         try:
             step("latency", f"{args.messages} inputs, one at a time")
             accepted, delivered = _latency(base, streams.url, args.messages)
