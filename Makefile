@@ -3,32 +3,54 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two stamps, so each install re-runs only when pyproject.toml changes: the project alone (what
-# `make run` needs), and the project with its test extra (pytest, the lint, the kit's tools).
+# Two stamps, so each install re-runs only when its lock or pyproject.toml changes: the project
+# alone (what `make run` needs), and the project with its test extra (pytest, the lint, the
+# kit's tools).
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# Every dependency comes from a lock (requirements/), with its hashes; `make lock` refreshes them.
+RUN_LOCK := requirements/run.lock
+TEST_LOCK := requirements/test.lock
 # Tools the tests take from Debian packages without installing them (gitignored).
 TOOLS := .tools
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv venv-test redis-server chromium prometheus test check lint run worker bench \
+.PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
 	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(RUN_STAMP)
 
 venv-test: $(TEST_STAMP)
 
-$(RUN_STAMP): pyproject.toml
+# The locks hold every dependency with its hashes; the project itself follows without them.
+$(RUN_STAMP): pyproject.toml $(RUN_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e .
+	$(BIN)/python -m pip install --require-hashes -r $(RUN_LOCK)
+	$(BIN)/python -m pip install --no-deps -e .
 	touch $(RUN_STAMP)
 
-# The test extra comes with the project itself, so this install stands for the run one too.
-$(TEST_STAMP): pyproject.toml
+# The test lock holds the run dependencies too, so this install stands for the run one.
+$(TEST_STAMP): pyproject.toml $(TEST_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --require-hashes -r $(TEST_LOCK)
+	$(BIN)/python -m pip install --no-deps -e .
 	touch $(TEST_STAMP) $(RUN_STAMP)
+
+# Resolves requirements/run.lock and test.lock again from pyproject.toml (Linux x86_64, Python
+# 3.11, with hashes), keeping the versions already locked while they still fit; UPGRADE=1 takes
+# the newest of everything. uv resolves them: it is needed here alone, never to install, and this
+# version of it is kept in .tools/ (gitignored).
+UV_VERSION := 0.13.9
+UV := $(TOOLS)/uv-$(UV_VERSION)/bin/uv
+
+lock: $(UV)
+	$(PYTHON) requirements/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
+
+$(UV):
+	rm -rf $(TOOLS)/uv-$(UV_VERSION)
+	$(PYTHON) -m venv $(TOOLS)/uv-$(UV_VERSION)
+	$(TOOLS)/uv-$(UV_VERSION)/bin/python -m pip install uv==$(UV_VERSION)
 
 # Tests start their own redis-server processes; a service the package may start is never used.
 redis-server:
