@@ -17,11 +17,17 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/eco-router
 
 WORKDIR /src
-# setuptools reads README.md for the package's long description.
+# The dependencies first, from the lock with every file's hash (`make lock` writes it), so this
+# layer is rebuilt only when the lock changes.
+COPY requirements/run.lock ./requirements/
+RUN /opt/eco-router/bin/pip install --no-cache-dir --require-hashes \
+        --requirement requirements/run.lock
+# setuptools reads README.md for the package's long description. The project brings no
+# dependency of its own: the lock has them all.
 COPY pyproject.toml README.md ./
 COPY src ./src
 # Byte-code is compiled here, at build time: the running container cannot write it.
-RUN /opt/eco-router/bin/pip install --no-cache-dir . \
+RUN /opt/eco-router/bin/pip install --no-cache-dir --no-deps . \
     && /opt/eco-router/bin/python -m compileall -q /opt/eco-router
 
 

@@ -98,7 +98,12 @@ def test_the_build_context_holds_what_the_package_needs_and_nothing_else() -> No
     ]
     assert lines[0] == "*"
     kept = {line.removeprefix("!").rstrip("/") for line in lines if line.startswith("!")}
-    assert kept == {"pyproject.toml", PYPROJECT["project"]["readme"], "src"}
+    assert kept == {
+        "pyproject.toml",
+        PYPROJECT["project"]["readme"],
+        "src",
+        "requirements/run.lock",
+    }
     copied = {
         part.rstrip("/")
         for i in IMAGE.stages[0]
