@@ -39,7 +39,7 @@ ENVIRONMENT = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lock:
     """One lock file: its name, and the extras of pyproject.toml it is made with."""
 
@@ -121,11 +121,12 @@ def problems(pyproject: Path, lock: Lock, lock_path: Path | None = None) -> list
     elif recorded.group(1) != digest(pyproject, lock):
         found.append(f"{path.name} was made from other dependency specs than pyproject.toml's")
     locked = pins(text)
+    project = normalize(tomllib.loads(pyproject.read_text())["project"]["name"])
     wanted: set[str] = set()
     for spec in specs(pyproject, lock.extras):
         requirement = Requirement(spec)
         name = normalize(requirement.name)
-        if name == normalize(tomllib.loads(pyproject.read_text())["project"]["name"]):
+        if name == project:
             continue  # the project naming one of its own extras
         if requirement.marker is not None and not requirement.marker.evaluate(ENVIRONMENT):
             continue
@@ -173,8 +174,8 @@ def _compile(
 
 
 def write(uv: Path, *, upgrade: bool, pyproject: Path = REPO / "pyproject.toml") -> None:
-    """Resolve both locks afresh. The run lock is constrained by the test lock, so what the
-    image runs is what `make test` tested."""
+    """Resolve both locks from pyproject.toml. The run lock is constrained by the test lock, so
+    what the image runs is what `make test` tested."""
     version = subprocess.run(
         [str(uv), "--version"], capture_output=True, text=True, check=True
     ).stdout.split()[1]
