@@ -9,6 +9,7 @@ from typing import Any
 import jwt
 import pytest
 
+from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
 from eco_router.application.errors import Forbidden, Unauthorized
 
@@ -241,23 +242,64 @@ class TestDomains:
             authorizer.authorize(token, "job-9", domain="scan")
 
 
-class TestGrantedJobs:
+class TestGrant:
     def test_a_token_names_its_jobs_in_its_domain(self, authorizer: JwtAuthorizer) -> None:
-        token = make_token(domain="chat", jobs=["a", "b"])
-        assert authorizer.granted_jobs(token) == [("chat", "a"), ("chat", "b")]
+        token = make_token(domain="chat", jobs=["b", "a"])
+        assert authorizer.grant(token).finite_jobs() == [("chat", "a"), ("chat", "b")]
 
     def test_a_token_naming_no_domain_names_scan_jobs(self, authorizer: JwtAuthorizer) -> None:
-        assert authorizer.granted_jobs(make_token(jobs=["a"])) == [("scan", "a")]
+        assert authorizer.grant(make_token(jobs=["a"])).finite_jobs() == [("scan", "a")]
 
     @pytest.mark.parametrize(("domain", "jobs"), [("*", ["a"]), ("scan", ["*"]), ("*", ["*"])])
     def test_a_wildcard_names_no_finite_set(
         self, authorizer: JwtAuthorizer, domain: str, jobs: list[str]
     ) -> None:
-        assert authorizer.granted_jobs(make_token(domain=domain, jobs=jobs)) is None
+        assert authorizer.grant(make_token(domain=domain, jobs=jobs)).finite_jobs() is None
 
     def test_a_token_not_valid_is_unauthorized(self, authorizer: JwtAuthorizer) -> None:
         with pytest.raises(Unauthorized):
-            authorizer.granted_jobs(make_token(secret=OTHER_SECRET))
+            authorizer.grant(make_token(secret=OTHER_SECRET))
 
     def test_the_open_authorizer_names_no_set(self) -> None:
-        assert OpenAuthorizer().granted_jobs(None) is None
+        assert OpenAuthorizer().grant(None).finite_jobs() is None
+
+    def test_one_grant_answers_for_every_job_of_its_token(self, authorizer: JwtAuthorizer) -> None:
+        grant = authorizer.grant(make_token(domain="chat", jobs=["a", "b"]))
+
+        assert grant.first_refusal([("chat", "a"), ("chat", "b")]) is None
+        assert grant.first_refusal([("chat", "a"), ("chat", "c")]) == (
+            "the token does not grant this job"
+        )
+        assert grant.first_refusal([("scan", "a")]) == "the token does not grant this domain"
+
+
+class TestTokenSize:
+    def test_a_token_longer_than_the_bound_is_unauthorized_with_one_line(self) -> None:
+        token = make_token(jobs=[f"job-{n}" for n in range(200)])
+        authorizer = JwtAuthorizer(SECRET, max_token_bytes=len(token) - 1)
+
+        with pytest.raises(Unauthorized) as refused:
+            authorizer.grant(token)
+
+        assert str(refused.value) == (
+            f"the token is longer than {len(token) - 1} bytes, the most accepted"
+        )
+
+    def test_a_token_of_the_bound_is_decoded(self) -> None:
+        token = make_token(jobs=[f"job-{n}" for n in range(200)])
+        authorizer = JwtAuthorizer(SECRET, max_token_bytes=len(token))
+
+        assert authorizer.grant(token).first_refusal([("scan", "job-199")]) is None
+
+    def test_the_default_bound_is_8_kib(self, authorizer: JwtAuthorizer) -> None:
+        token = make_token(jobs=[f"job-{n:05d}" for n in range(1000)])
+        assert len(token) > 8 * 1024
+
+        with pytest.raises(Unauthorized, match="longer than 8192 bytes"):
+            authorizer.authorize(token, "job-00001", domain="scan")
+
+    def test_an_admin_token_longer_than_the_bound_is_unauthorized(self) -> None:
+        admin = JwtAdminAuthorizer(SECRET, max_token_bytes=64)
+
+        with pytest.raises(Unauthorized, match="longer than 64 bytes"):
+            admin.authorize_admin(admin.issue(ttl_s=60))

@@ -152,6 +152,14 @@ class TestErrors:
         monkeypatch.setenv("EVENT_ROUTER_JWT_REQUIRE_EXP", "false")
         assert load_settings().jwt_require_exp is False
 
+    def test_tokens_are_bounded_at_8_kib_unless_set(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert load_settings().jwt_max_bytes == 8192
+        monkeypatch.setenv("EVENT_ROUTER_JWT_MAX_BYTES", "16384")
+        assert load_settings().jwt_max_bytes == 16384
+        monkeypatch.setenv("EVENT_ROUTER_JWT_MAX_BYTES", "100")
+        with pytest.raises(ConfigError, match="EVENT_ROUTER_JWT_MAX_BYTES"):
+            load_settings()
+
     def test_the_cli_exits_2_with_the_message_on_stderr(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -6,7 +6,8 @@ import time
 
 import jwt
 
-from eco_router.adapters.jwt_claims import decode_hs256
+from eco_router.adapters.jwt_claims import OversizedToken, decode_hs256
+from eco_router.adapters.jwt_secret import MAX_TOKEN_BYTES
 from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import AdminAuthorizer
 
@@ -16,10 +17,12 @@ ADMIN_CLAIM = "admin"
 class JwtAdminAuthorizer(AdminAuthorizer):
     """Requires an HS256 token with `"admin": true` and an `exp` (an admin token that never
     expires is refused: it would open replay to whoever finds it, for good); `exp`, `nbf`
-    and `iat` must be JSON numbers."""
+    and `iat` must be JSON numbers; a token longer than `max_token_bytes` is refused before it
+    is decoded."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, *, max_token_bytes: int = MAX_TOKEN_BYTES) -> None:
         self._secret = secret
+        self._max_token_bytes = max_token_bytes
 
     def authorize_admin(self, token: str | None) -> None:
         self.expiry(token)
@@ -29,7 +32,14 @@ class JwtAdminAuthorizer(AdminAuthorizer):
         if not token:
             raise Unauthorized("an admin bearer token is required")
         try:
-            claims = decode_hs256(token, self._secret, options={"require": ["exp"]})
+            claims = decode_hs256(
+                token,
+                self._secret,
+                options={"require": ["exp"]},
+                max_bytes=self._max_token_bytes,
+            )
+        except OversizedToken as error:
+            raise Unauthorized(str(error)) from error
         except jwt.ExpiredSignatureError as error:
             raise Unauthorized("the token has expired") from error
         except jwt.MissingRequiredClaimError as error:

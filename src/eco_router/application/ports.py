@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         PendingControls,
     )
     from eco_router.domain.event import JobEvent
+    from eco_router.domain.grant import Grant
     from eco_router.domain.ownership import Lease
     from eco_router.domain.rejection import RejectReason
     from eco_router.domain.sse import GatewayEvent
@@ -484,9 +485,10 @@ class Authorizer(Protocol):
         in `domain`."""
         ...
 
-    def granted_jobs(self, token: str | None) -> list[tuple[str, str]] | None:
-        """The (domain, job id) pairs a valid token names; None when it names no finite set
-        (a wildcard, or no token is needed at all). `Unauthorized` for a token not valid."""
+    def grant(self, token: str | None) -> Grant:
+        """What the token opens, checked once (one decoding, whatever the jobs asked after):
+        `Unauthorized` without a valid token (too long among them), `Forbidden` for a valid
+        one that opens nothing."""
         ...
 
 

@@ -261,7 +261,10 @@ class Container(containers.DeclarativeContainer):
         health=feed_health,
     )
     authorizer = providers.Singleton(
-        make_authorizer, settings.provided.jwt_secret, settings.provided.jwt_require_exp
+        make_authorizer,
+        settings.provided.jwt_secret,
+        settings.provided.jwt_require_exp,
+        settings.provided.jwt_max_bytes,
     )
     stream_limits = providers.Singleton(
         StreamLimits,
@@ -304,7 +307,9 @@ class Container(containers.DeclarativeContainer):
     )
 
     # The operator console: what `status`, `dlq` and `state` read, for the HTTP layer.
-    admin_authorizer = providers.Singleton(make_admin_authorizer, settings.provided.jwt_secret)
+    admin_authorizer = providers.Singleton(
+        make_admin_authorizer, settings.provided.jwt_secret, settings.provided.jwt_max_bytes
+    )
     dead_letter_archive = providers.Singleton(RedisDeadLetterArchive, streams_redis)
     shard_progress = providers.Singleton(
         RedisShardProgress,

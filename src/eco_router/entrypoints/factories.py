@@ -11,6 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer, OpenAdminAuthorizer
 from eco_router.adapters.jwt_authorizer import JwtAuthorizer, OpenAuthorizer
+from eco_router.adapters.jwt_secret import MAX_TOKEN_BYTES
 from eco_router.adapters.progress_entries import ProducerConfig
 from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
@@ -50,18 +51,24 @@ def demo_chat_producer_config(settings: Settings) -> ProducerConfig:
     )
 
 
-def make_authorizer(secret: SecretStr | None, require_exp: bool = True) -> Authorizer:
+def make_authorizer(
+    secret: SecretStr | None, require_exp: bool = True, max_token_bytes: int = MAX_TOKEN_BYTES
+) -> Authorizer:
     """JWTs when a secret is configured, else open (the app warns at startup)."""
     if secret is None:
         return OpenAuthorizer()
-    return JwtAuthorizer(secret.get_secret_value(), require_exp=require_exp)
+    return JwtAuthorizer(
+        secret.get_secret_value(), require_exp=require_exp, max_token_bytes=max_token_bytes
+    )
 
 
-def make_admin_authorizer(secret: SecretStr | None) -> AdminAuthorizer:
+def make_admin_authorizer(
+    secret: SecretStr | None, max_token_bytes: int = MAX_TOKEN_BYTES
+) -> AdminAuthorizer:
     """Admin JWTs when a secret is configured, else open (the console warns at startup)."""
     if secret is None:
         return OpenAdminAuthorizer()
-    return JwtAdminAuthorizer(secret.get_secret_value())
+    return JwtAdminAuthorizer(secret.get_secret_value(), max_token_bytes=max_token_bytes)
 
 
 def make_broadcaster(redis: RedisClient, *, channel_prefix: str) -> Broadcaster:

@@ -20,7 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from eco_router.adapters.jwt_secret import MIN_SECRET_BYTES
+from eco_router.adapters.jwt_secret import MAX_TOKEN_BYTES, MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.adapters.redis.connections.topology import ClusterSeeds, parse_redis_url
 from eco_router.domain.control import MAX_CONTROL_BODY_BYTES, ControlLimits
@@ -141,6 +141,8 @@ class Settings(BaseSettings):
     control_burst: int = Field(_CONTROL_LIMITS.burst, ge=1, le=100_000)
     jwt_secret: SecretStr | None = None
     jwt_require_exp: bool = True
+    # Longer tokens get 401 before any decoding: a token's cost grows with its size.
+    jwt_max_bytes: int = Field(MAX_TOKEN_BYTES, ge=512, le=1024 * 1024)
     cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
     jwt_cookie: str = Field("eco_router_token", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     sse_keepalive_s: float = Field(15, gt=0)

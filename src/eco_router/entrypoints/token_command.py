@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from eco_router.adapters.admin_authorizer import JwtAdminAuthorizer
-from eco_router.adapters.jwt_authorizer import ANY, JwtAuthorizer
+from eco_router.adapters.jwt_authorizer import JwtAuthorizer
+from eco_router.domain.grant import ANY
 from eco_router.entrypoints.exit_codes import ExitCode
 from eco_router.entrypoints.settings import Settings
 

@@ -10,6 +10,7 @@ from eco_router.application.errors import Forbidden, Unauthorized
 from eco_router.application.ports import AdminAuthorizer, Authorizer
 from eco_router.application.stream_many_jobs import StreamManyJobs
 from eco_router.domain.errors import DomainError
+from eco_router.domain.grant import Grant
 from eco_router.domain.job_set import Job, JobSet, read_stream_id
 from eco_router.entrypoints.http.client_streams import ClientStreams
 from eco_router.entrypoints.http.sse_responses import JOB_ID, bearer_token, streaming_response
@@ -33,19 +34,20 @@ async def many_jobs_stream(
 ) -> Response:
     """Validate everything and open every job's stream before the first byte; then stream.
 
-    The jobs are the `job=domain:id` parameters, else the token's `jobs` claim. Each must be
-    granted by the token, or the token is an admin's. A resuming client whose every job has
-    ended at its Last-Event-ID gets 204 No Content (its EventSource stops). One connection
-    counts as one stream of its client address (429 past the cap); an unreachable Pub/Sub or
-    state store is 503.
+    The jobs are the `job=domain:id` parameters (at most `max_jobs`, counted before anything
+    else), else the token's `jobs` claim. Each must be granted by the token, or the token is
+    an admin's; the token is decoded once, whatever the number of jobs. A resuming client
+    whose every job has ended at its Last-Event-ID gets 204 No Content (its EventSource
+    stops). One connection counts as one stream of its client address (429 past the cap);
+    an unreachable Pub/Sub or state store is 503.
     """
     token = bearer_token(request, cookie)
-    job_set = JobSet.of(
-        parse_jobs(named, domains=domains, max_jobs=max_jobs)
-        if named
-        else token_jobs(authorizer, token, max_jobs=max_jobs)
-    )
-    authorize_all(authorizer, admin_authorizer, token, job_set)
+    if named:
+        job_set = JobSet.of(parse_jobs(named, domains=domains, max_jobs=max_jobs))
+        authorize_all(authorizer, admin_authorizer, token, job_set)
+    else:
+        # The jobs come from the grant: it opens each of them.
+        job_set = JobSet.of(token_jobs(authorizer.grant(token), max_jobs=max_jobs))
     value = request.headers.get("last-event-id") or last_event_id
     try:
         positions = read_stream_id(job_set, value) if value else [None] * len(job_set)
@@ -78,9 +80,9 @@ def parse_jobs(named: list[str], *, domains: tuple[str, ...], max_jobs: int) -> 
     return jobs
 
 
-def token_jobs(authorizer: Authorizer, token: str | None, *, max_jobs: int) -> list[Job]:
+def token_jobs(grant: Grant, *, max_jobs: int) -> list[Job]:
     """The jobs the token's claims name, for a request that names none."""
-    granted = authorizer.granted_jobs(token)
+    granted = grant.finite_jobs()
     if granted is None:
         raise HTTPException(
             422, "name the jobs (job=domain:job_id, repeatable): the token names no finite set"
@@ -88,7 +90,7 @@ def token_jobs(authorizer: Authorizer, token: str | None, *, max_jobs: int) -> l
     jobs = [(d, j) for d, j in granted if JOB_ID.fullmatch(j) is not None]
     if not jobs:
         raise HTTPException(422, "the token names no job: name the jobs (job=domain:job_id)")
-    if len(set(jobs)) > max_jobs:
+    if len(jobs) > max_jobs:
         raise HTTPException(
             422,
             f"the token names more than {max_jobs} jobs, the most per stream "
@@ -100,16 +102,17 @@ def token_jobs(authorizer: Authorizer, token: str | None, *, max_jobs: int) -> l
 def authorize_all(
     authorizer: Authorizer, admin: AdminAuthorizer, token: str | None, job_set: JobSet
 ) -> None:
-    """Every job granted by the token, else the token is an admin's; else the first job's
-    refusal."""
+    """Every job granted by the token (checked once, each job then a lookup), else the token
+    is an admin's; else the first refused job's refusal."""
     try:
-        for domain, job_id in job_set.jobs:
-            authorizer.authorize(token, job_id, domain=domain)
-    except (Unauthorized, Forbidden) as refusal:
+        refusal = authorizer.grant(token).first_refusal(job_set.jobs)
+        if refusal is not None:
+            raise Forbidden(refusal)
+    except (Unauthorized, Forbidden) as refused:
         try:
             admin.authorize_admin(token)
         except (Unauthorized, Forbidden):
-            raise refusal from None
+            raise refused from None
 
 
 def _quote(value: str) -> str:
