@@ -33,6 +33,7 @@ from eco_router.entrypoints.http import (
     favicon_routes,
     ops_routes,
     sse_routes,
+    ui_message_routes,
 )
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
 from eco_router.entrypoints.http.cors import JobEventsCors
@@ -112,6 +113,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
         app.include_router(ops_routes.metrics_router)
     app.include_router(sse_routes.router)
     app.include_router(control_routes.router)
+    app.include_router(ui_message_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
     # Added first, so it runs inside every other middleware added below (CORS among them).
