@@ -16,7 +16,7 @@ TOOLS := .tools
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
+.PHONY: venv venv-test lock redis-server chromium nodejs prometheus test check lint run worker bench \
 	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
 
 venv: $(RUN_STAMP)
@@ -70,6 +70,25 @@ chromium:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
+# Node.js and npm run the AI SDK's own client against a real `serve` (tests/ai_sdk), from
+# Debian's packages when missing.
+nodejs:
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		echo "node: $$(command -v node) $$(node --version)"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
+	fi
+
+# The AI SDK (`ai`, exact versions from its lock) for tests/integration/test_ai_sdk_stream.py;
+# installed again only when the lock changes. Nothing is fetched at test time.
+AI_SDK_TESTS := tests/ai_sdk
+AI_SDK_STAMP := $(AI_SDK_TESTS)/node_modules/.installed
+
+$(AI_SDK_STAMP): $(AI_SDK_TESTS)/package.json $(AI_SDK_TESTS)/package-lock.json | nodejs
+	cd $(AI_SDK_TESTS) && npm ci --no-audit --no-fund
+	touch $(AI_SDK_STAMP)
+
 # The monitoring tests check the alerts with promtool and query a real prometheus. Both come
 # out of Debian's package, downloaded and extracted into .tools/prometheus, never installed:
 # installing it would pull 34 packages and enable services (prometheus, node-exporter, smartd).
@@ -93,7 +112,7 @@ $(PROMETHEUS_TOOLS)/promtool:
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they
 # start servers and routers, and tests/faults measures timing under load.
-test: venv-test redis-server chromium prometheus podman lint
+test: venv-test redis-server chromium prometheus podman $(AI_SDK_STAMP) lint
 	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
 	$(BIN)/pytest -q --durations=15 -m "not parallel"
 
