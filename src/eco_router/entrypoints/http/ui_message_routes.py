@@ -109,9 +109,13 @@ class UiMessageStream:
     async def _parts(self) -> AsyncGenerator[bytes]:
         state = UiText()
         yield encode(opening(self._job_id))
+        # Read to the job stream's own end, which comes right after the job's: it then counts
+        # the stream closed for the job's reason (`done`, `failed`), not as a disconnect.
         async for chunk in self._stream:
             out: list[bytes] = []
             for frame in sse_frames(chunk):
+                if state.ended:
+                    break
                 if frame.comment:
                     out.append(b": keepalive\n\n")
                     continue
@@ -119,8 +123,5 @@ class UiMessageStream:
                 out.append(encode(parts))
                 if state.ended:
                     out.append(DONE_LINE)
-                    break
             if data := b"".join(out):
                 yield data
-            if state.ended:
-                return
