@@ -5,18 +5,18 @@
 //   node chat.mjs resume <base-url> <job> <cut-after-deltas>   send, cut the connection, resume
 //   node chat.mjs stop <base-url> <job> <stop-after-chars>     send, then stop: abort and cancel
 //   node chat.mjs send <base-url> <job>                        send, and read to the end
-//   node chat.mjs reconnect <base-url> <job>                   a resume alone (null: 204)
+//   node chat.mjs reconnect <base-url> <job> [api]             a resume alone (null: 204)
 
 import { reconnect, resume, send, stop } from "./chat_core.mjs";
 
-const USAGE = "usage: node chat.mjs resume|stop|send|reconnect <base-url> <job> [count]";
+const USAGE = "usage: node chat.mjs resume|stop|send|reconnect <base-url> <job> [count or api]";
 
-async function main([command, base, job, count]) {
+async function main([command, base, job, extra]) {
   if (!base || !job) throw new Error(USAGE);
-  if (command === "resume") return resume(base, job, Number(count ?? 5));
-  if (command === "stop") return stop(base, job, Number(count ?? 20));
+  if (command === "resume") return resume(base, job, Number(extra ?? 5));
+  if (command === "stop") return stop(base, job, Number(extra ?? 20));
   if (command === "send") return send(base, job);
-  if (command === "reconnect") return reconnect(base, job);
+  if (command === "reconnect") return reconnect(base, job, extra);
   throw new Error(USAGE);
 }
 

@@ -39,10 +39,10 @@ export class MemoryChat extends AbstractChat {
 
 // What an app gives its transport: eco-router's job stream for a send, and the reconnect path
 // `${api}/${chatId}/stream` as it is, the chat's id being the job's.
-export function transport(base, { cutAfterDeltas, seen } = {}) {
+export function transport(base, { cutAfterDeltas, seen, api } = {}) {
   let cuts = cutAfterDeltas === undefined ? 0 : 1;
   return new DefaultChatTransport({
-    api: `${base}/api/v1/chat`,
+    api: api ?? `${base}/api/v1/chat`,
     prepareSendMessagesRequest: ({ id }) => ({ api: `${base}/api/v1/chat/${id}/stream`, body: {} }),
     fetch: async (url, init) => {
       const response = await fetch(url, init);
@@ -126,8 +126,9 @@ export async function send(base, job) {
   return { status: chat.status, error: chat.error?.message ?? null, answer: answerOf(chat) };
 }
 
-export async function reconnect(base, job) {
-  const stream = await transport(base).reconnectToStream({ chatId: job });
+// `api`: where the app's reconnects go (`${api}/${job}/stream`), eco-router's by default.
+export async function reconnect(base, job, api) {
+  const stream = await transport(base, { api }).reconnectToStream({ chatId: job });
   if (stream === null) return { resumed: false };
   const chunks = [];
   const reader = stream.getReader();

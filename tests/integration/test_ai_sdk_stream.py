@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.server
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,40 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """`eco-router serve --demo` on servers of its own: the demo's chat jobs are the workers."""
     with module_gateway(tmp_path_factory, "ai-sdk", demo=True) as started:
         yield started
+
+
+class AppBackend(http.server.BaseHTTPRequestHandler):
+    """An app's reconnect route, as docs/AI_SDK.md writes it for Next.js: a chat answering
+    (here: every chat id but `idle`) is sent on to eco-router's stream with a 307, else 204."""
+
+    gateway = ""
+
+    def do_GET(self) -> None:
+        parts = self.path.split("/")  # /api/chat/{id}/stream
+        if parts[-1] != "stream" or parts[-2] == "idle":
+            self.send_response(204)
+            self.end_headers()
+            return
+        self.send_response(307)
+        self.send_header("Location", f"{self.gateway}/api/v1/chat/{parts[-2]}/stream")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def app_backend(gateway: Gateway) -> Iterator[str]:
+    handler = type("Backend", (AppBackend,), {"gateway": gateway.base_url})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 async def node(*args: str) -> Any:
@@ -146,6 +182,17 @@ class TestResume:
         assert result["status"] == "error"
         assert result["error"].startswith("answer failed")
         assert result["answer"]["id"] == job_id
+
+    async def test_a_reconnect_through_the_apps_redirect_reads_the_job(
+        self, gateway: Gateway, app_backend: str
+    ) -> None:
+        job_id = await start_chat(gateway)
+        api = f"{app_backend}/api/chat"
+        result = await node("reconnect", gateway.base_url, job_id, api)
+        assert result["chunks"][0] == {"type": "start", "messageId": job_id}
+        text = "".join(c["delta"] for c in result["chunks"] if c["type"] == "text-delta")
+        assert text in CHAT_ANSWERS
+        assert await node("reconnect", gateway.base_url, "idle", api) == {"resumed": False}
 
 
 class TestStop:
