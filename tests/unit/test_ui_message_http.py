@@ -4,6 +4,7 @@ job stream's refusals and metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -133,6 +134,61 @@ class TestTheSend:
         types = [p if p == "[DONE]" else p["type"] for p in parts_of(response.text)]
         assert types[-5:] == ["text-end", "error", "finish-step", "finish", "[DONE]"]
         assert parts_of(response.text)[-4]["errorText"] == "answer failed: model overloaded"
+
+
+def held_text(parts: list[Any]) -> str:
+    """The text a reader of the parts holds: `reset-step` drops what the step held."""
+    texts: dict[str, str] = {}
+    for part in parts:
+        if part == "[DONE]":
+            continue
+        if part["type"] == "reset-step":
+            texts = {}
+        elif part["type"] == "text-delta":
+            texts[part["id"]] = texts.get(part["id"], "") + part["delta"]
+    return "".join(texts.values())
+
+
+def opened(container: Container) -> float:
+    registry = container.metrics_registry()
+    return registry.get_sample_value("event_router_gateway_connections_opened_total") or 0
+
+
+class TestLive:
+    async def test_a_retried_attempt_replaces_the_text_for_a_reader_watching(
+        self, gateway: Gateway
+    ) -> None:
+        client, container = gateway
+        publisher = await resolve(container.chat_demo_publisher())
+        reading = asyncio.create_task(client.post(f"/api/v1/chat/{JOB}/stream"))
+
+        async def open_now() -> bool:
+            return opened(container) == 1
+
+        await wait_until(open_now, what="the stream open")
+        for seq, delta in zip((1001, 1002), ("first ", "try"), strict=True):
+            await publisher.publish_token(JOB, delta, seq=seq)
+        store: StateStore = await resolve(container.state_store())
+
+        async def first_routed() -> bool:
+            # Routed is published: the stream's queue holds the first attempt's tokens.
+            text = await store.text("chat", JOB)
+            return text is not None and text.text == b"first try"
+
+        await wait_until(first_routed, what="the first attempt routed")
+        for seq, delta in zip((1001, 1002), ("second ", "try"), strict=True):
+            await publisher.publish_token(JOB, delta, seq=seq, attempt=1)
+        await publisher.publish_stage_event(JOB, "done", "done", seq=180)
+
+        async with asyncio.timeout(10):
+            response = await reading
+
+        parts = parts_of(response.text)
+        assert held_text(parts) == "second try"
+        deltas = [p["delta"] for p in parts if p != "[DONE]" and p["type"] == "text-delta"]
+        assert "".join(deltas).startswith("first try")
+        assert {"type": "reset-step"} in parts
+        assert parts[-2]["messageMetadata"]["text_check"]["bytes"] == len(b"second try")
 
 
 class TestTheReconnect:
