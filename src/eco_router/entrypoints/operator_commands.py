@@ -232,31 +232,41 @@ async def state(
 
 
 async def dlq_list(
-    settings: Settings, server: Server, *, domain: str, count: int, out: TextIO
+    settings: Settings, server: Server, *, domain: str | None, count: int, out: TextIO
 ) -> int:
+    """The dead letters of `domain`, or of every configured domain (`count` at most each)."""
     from eco_router.adapters.redis.router.dead_letters import RedisDeadLetterArchive
 
-    family = family_for(settings, domain)
+    families = settings.streams if domain is None else (family_for(settings, domain),)
     async with streams_client(settings) as client:
         archive = RedisDeadLetterArchive(client)
-        letters = await archive.oldest(family, count=count)
-        # Counted only when the listing is full, so a short listing costs no second command.
-        total = (await archive.tally(family)).count if len(letters) == count else len(letters)
+        listings = []
+        for family in families:
+            letters = await archive.oldest(family, count=count)
+            # Counted only when the listing is full, so a short one costs no second command.
+            full = len(letters) == count
+            total = (await archive.tally(family)).count if full else len(letters)
+            listings.append((family, letters, total))
     say(server.line(), out)
-    if not letters:
-        say(f"{family.dead_letter_stream} is empty", out)
-    for letter in letters:
-        fields = " ".join(
-            f"{k.decode(errors='replace')}={_short(v)}" for k, v in letter.fields.items()
-        )
-        say(
-            f"{letter.dlq_id}  {letter.reason:<22} {letter.stream} {letter.entry_id} "
-            f"deliveries={letter.deliveries}  {letter.detail}",
-            out,
-        )
-        say(f"    {fields}", out)
-    if total > len(letters):
-        say(f"… {total - len(letters)} more; --count {total} shows every one", out)
+    for family, letters, total in listings:
+        if not letters:
+            say(f"{family.dead_letter_stream} is empty", out)
+        for letter in letters:
+            fields = " ".join(
+                f"{k.decode(errors='replace')}={_short(v)}" for k, v in letter.fields.items()
+            )
+            say(
+                f"{letter.dlq_id}  {letter.reason:<22} {letter.stream} {letter.entry_id} "
+                f"deliveries={letter.deliveries}  {letter.detail}",
+                out,
+            )
+            say(f"    {fields}", out)
+        if total > len(letters):
+            say(
+                f"… {total - len(letters)} more in {family.dead_letter_stream}; "
+                f"--count {total} shows every one",
+                out,
+            )
     return 0
 
 
