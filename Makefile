@@ -17,7 +17,8 @@ TOOLS := .tools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
-	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
+	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean \
+	nodejs ts-deps ts-check ts-bundle ts-pack
 
 venv: $(RUN_STAMP)
 
@@ -90,10 +91,45 @@ $(PROMETHEUS_TOOLS)/promtool:
 	mv $(PROMETHEUS_TOOLS).part/root/usr/bin/promtool $(PROMETHEUS_TOOLS)/promtool
 	rm -rf $(PROMETHEUS_TOOLS).part
 
+# The TypeScript client (clients/typescript) needs Node.js and npm, from Debian's packages when
+# missing; its packages come from its lock alone (`npm ci`, re-run when the lock changes), so
+# nothing is downloaded later, when its tests run. `make run` needs none of it: the pages load
+# the committed bundle.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+nodejs:
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		echo "node: $$(command -v node) $$(node --version), npm $$(npm --version)"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
+	fi
+
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json | nodejs
+	cd $(TS) && npm ci --no-audit --no-fund
+	touch $(TS_STAMP)
+
+# Typecheck (tsc strict), lint and format (Biome), the package's build, and the committed
+# browser bundle checked against what the sources make.
+ts-check: ts-deps
+	cd $(TS) && npm run --silent typecheck && npm run --silent lint && npm run --silent build
+	cd $(TS) && npm run --silent bundle -- --check
+
+# Writes the browser bundle the pages load (src/eco_router/entrypoints/http/static/); commit it.
+ts-bundle: ts-deps
+	cd $(TS) && npm run --silent bundle
+
+# The npm package (clients/typescript/eco-router-client-<version>.tgz), built first.
+ts-pack: ts-deps
+	cd $(TS) && npm run --silent build && npm pack
+
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they
 # start servers and routers, and tests/faults measures timing under load.
-test: venv-test redis-server chromium prometheus podman lint
+test: venv-test redis-server chromium prometheus podman lint ts-check
 	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
 	$(BIN)/pytest -q --durations=15 -m "not parallel"
 

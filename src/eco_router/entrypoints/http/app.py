@@ -32,6 +32,7 @@ from eco_router.entrypoints.http import (
     control_routes,
     favicon_routes,
     ops_routes,
+    script_routes,
     sse_routes,
 )
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
@@ -114,6 +115,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app.include_router(control_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
+    app.include_router(script_routes.router)
     # Added first, so it runs inside every other middleware added below (CORS among them).
     app.add_middleware(JobEventsFastPath)
     if demo:
