@@ -183,31 +183,34 @@ class Stream {
       else outer.addEventListener("abort", () => stop.abort(outer.reason), { once: true });
     }
     let cut = (): void => undefined;
-    const following = follow(
-      url,
-      this.callbacks,
-      {
-        lastEventId: routing.lastEventId,
-        frame: (frame) => {
-          this.callbacks.onFrame?.(frame);
-          const routed = routing.route(frame);
-          if (routed !== null) this.tell(routed[0], routed[0].apply(routed[1]));
-          return this.views.every((view) => view.outcome !== null);
-        },
-        endedBefore: () => {
-          for (const view of this.views) {
-            if (view.outcome === null) {
-              view.endedBefore();
-              this.tell(view, { kind: "end", outcome: "ended", event: null });
+    // Started after the caller has the watch in hand: no callback runs inside `watchJob`.
+    const following = Promise.resolve().then(() =>
+      follow(
+        url,
+        this.callbacks,
+        {
+          lastEventId: routing.lastEventId,
+          frame: (frame) => {
+            this.callbacks.onFrame?.(frame);
+            const routed = routing.route(frame);
+            if (routed !== null) this.tell(routed[0], routed[0].apply(routed[1]));
+            return this.views.every((view) => view.outcome !== null);
+          },
+          endedBefore: () => {
+            for (const view of this.views) {
+              if (view.outcome === null) {
+                view.endedBefore();
+                this.tell(view, { kind: "end", outcome: "ended", event: null });
+              }
             }
-          }
+          },
+          status: (status) => this.callbacks.onStatus?.(status),
         },
-        status: (status) => this.callbacks.onStatus?.(status),
-      },
-      stop.signal,
-      (drop) => {
-        cut = drop;
-      },
+        stop.signal,
+        (drop) => {
+          cut = drop;
+        },
+      ),
     );
     // Every end is settled by a frame or a 204 before `follow` returns; a failure (a refusal,
     // an abort) rejects what has not ended.
