@@ -570,31 +570,33 @@ var Stream = class {
       else outer.addEventListener("abort", () => stop.abort(outer.reason), { once: true });
     }
     let cut = () => void 0;
-    const following = follow(
-      url,
-      this.callbacks,
-      {
-        lastEventId: routing.lastEventId,
-        frame: (frame) => {
-          this.callbacks.onFrame?.(frame);
-          const routed = routing.route(frame);
-          if (routed !== null) this.tell(routed[0], routed[0].apply(routed[1]));
-          return this.views.every((view) => view.outcome !== null);
-        },
-        endedBefore: () => {
-          for (const view of this.views) {
-            if (view.outcome === null) {
-              view.endedBefore();
-              this.tell(view, { kind: "end", outcome: "ended", event: null });
+    const following = Promise.resolve().then(
+      () => follow(
+        url,
+        this.callbacks,
+        {
+          lastEventId: routing.lastEventId,
+          frame: (frame) => {
+            this.callbacks.onFrame?.(frame);
+            const routed = routing.route(frame);
+            if (routed !== null) this.tell(routed[0], routed[0].apply(routed[1]));
+            return this.views.every((view) => view.outcome !== null);
+          },
+          endedBefore: () => {
+            for (const view of this.views) {
+              if (view.outcome === null) {
+                view.endedBefore();
+                this.tell(view, { kind: "end", outcome: "ended", event: null });
+              }
             }
-          }
+          },
+          status: (status) => this.callbacks.onStatus?.(status)
         },
-        status: (status) => this.callbacks.onStatus?.(status)
-      },
-      stop.signal,
-      (drop) => {
-        cut = drop;
-      }
+        stop.signal,
+        (drop) => {
+          cut = drop;
+        }
+      )
     );
     const done = following.then(
       () => Promise.all(this.ends),
