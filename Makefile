@@ -18,7 +18,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
 	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean \
-	nodejs ts-deps ts-check ts-bundle ts-pack
+	nodejs ts-deps ts-check ts-bundle ts-pack demo-fonts
 
 venv: $(RUN_STAMP)
 
@@ -125,6 +125,24 @@ ts-bundle: ts-deps
 # The npm package (clients/typescript/eco-router-client-<version>.tgz), built first.
 ts-pack: ts-deps
 	cd $(TS) && npm run --silent build && npm pack
+
+# The demo page's Hangul and emoji fonts (tools/demo_fonts.py), made again after the demo's
+# answers change; commit them. Debian's font packages and fontTools are downloaded and
+# extracted into .tools/demo-fonts, never installed.
+DEMO_FONTS_TOOLS := $(TOOLS)/demo-fonts
+STATIC := src/eco_router/entrypoints/http/static
+
+demo-fonts: venv
+	rm -rf $(DEMO_FONTS_TOOLS) && mkdir -p $(DEMO_FONTS_TOOLS)
+	cd $(DEMO_FONTS_TOOLS) && { apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools || \
+		{ $(SUDO) apt-get update && apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools; }; }
+	for deb in $(DEMO_FONTS_TOOLS)/*.deb; do dpkg-deb -x $$deb $(DEMO_FONTS_TOOLS)/root; done
+	PYTHONPATH=$(DEMO_FONTS_TOOLS)/root/usr/lib/python3/dist-packages $(BIN)/python tools/demo_fonts.py \
+		--hangul $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/nanum/NanumGothic.ttf \
+		--emoji $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf \
+		--licenses $(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-nanum/copyright \
+		$(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-noto-color-emoji/copyright \
+		--out $(STATIC)
 
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
-from eco_router.application.demo_jobs import CHAT_ANSWERS
+from eco_router.application.demo_jobs import CHAT_ANSWERS, CHAT_OPTIONS
 from eco_router.testing import RedisServer
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -611,3 +611,40 @@ class TestTalkingBackToAChatJob:
         [received] = [json.loads(f["data"]) for f in received_frames(page)
                       if f["type"] == "input_received"]  # fmt: skip
         assert received["result"] == {"input": "the weather"}
+
+
+def _is_hangul(char: str) -> bool:
+    return "\uac00" <= char <= "\ud7a3"
+
+
+def _is_emoji(char: str) -> bool:
+    return (0x2300 <= ord(char) <= 0x27BF or 0x1F000 <= ord(char) <= 0x1FAFF) and char != "\ufe0f"
+
+
+class TestTheChatDemosGlyphs:
+    @pytest.mark.parametrize("option", CHAT_OPTIONS)
+    def test_its_hangul_and_emoji_are_drawn_by_the_pages_fonts_not_left_missing(
+        self, page: Page, option: str
+    ) -> None:
+        # Default fonts alone (DejaVu, Liberation) have neither: without the page's fonts,
+        # chromium draws boxes. It reports which font drew how many glyphs of the answer.
+        page.get_by_role("button", name="Start a chat that asks first").click()
+        page.get_by_role("button", name=option).click()
+        expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
+        text = answer_on_page(page)
+        assert text == CHAT_ANSWERS[CHAT_OPTIONS.index(option)]
+
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("DOM.enable")
+        cdp.send("CSS.enable")
+        root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+        answer = cdp.send("DOM.querySelector", {"nodeId": root, "selector": "#answer"})["nodeId"]
+        drawn = {
+            font["familyName"]: font["glyphCount"]
+            for font in cdp.send("CSS.getPlatformFontsForNode", {"nodeId": answer})["fonts"]
+        }
+
+        assert drawn.pop("eco-router demo Hangul") == sum(map(_is_hangul, text)) > 0
+        assert drawn.pop("eco-router demo Emoji") == sum(map(_is_emoji, text)) > 0
+        others = {c for c in text if not _is_hangul(c) and not _is_emoji(c) and c != "\ufe0f"}
+        assert all(ord(c) < 0x2100 for c in others), others  # Latin and punctuation

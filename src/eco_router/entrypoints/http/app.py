@@ -28,11 +28,11 @@ from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gateway_tasks import GatewayTasks
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import (
+    asset_routes,
     console_routes,
     control_routes,
     favicon_routes,
     ops_routes,
-    script_routes,
     sse_routes,
 )
 from eco_router.entrypoints.http.client_streams import RETRY_AFTER_S, ClientStreams
@@ -115,7 +115,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app.include_router(control_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
-    app.include_router(script_routes.router)
+    app.include_router(asset_routes.router)
     # Added first, so it runs inside every other middleware added below (CORS among them).
     app.add_middleware(JobEventsFastPath)
     if demo:
