@@ -110,7 +110,9 @@ export class JobView {
       if (state !== null) this.state = state;
       return { kind: "snapshot", state, missed: state !== null };
     }
-    if (name === "error" && typeof data.error === "string" && frame.id === null) {
+    // The gateway's own ends carry no event id, unlike a failed event of the job.
+    const gaveUp = data.error === "timeout" || data.error === "idle";
+    if (name === "error" && gaveUp && frame.id === null && data.event_id === undefined) {
       return this.finish(data.error === "idle" ? "idle" : "timeout", null);
     }
     const id = typeof data.event_id === "number" ? data.event_id : frame.id;

@@ -79,6 +79,19 @@ describe("JobView", () => {
     assert.equal(failed.state.seq, 32);
   });
 
+  test("on the many-jobs stream (no frame id) a failed event with an error is a failure", () => {
+    const view = new JobView("scan", "J");
+    view.apply({
+      name: "error",
+      id: null,
+      data: { event_id: 32, seq: 32, status: "failed", error: "timeout" },
+    });
+    assert.equal(view.outcome, "failed");
+    const idle = new JobView("scan", "J");
+    idle.apply({ name: "error", id: null, data: { error: "idle" } });
+    assert.equal(idle.outcome, "idle");
+  });
+
   test("a snapshot with a state says events may have been missed", () => {
     const view = new JobView("scan", "J");
     assert.deepEqual(view.apply({ name: "snapshot", id: null, data: { state: null } }), {

@@ -423,7 +423,8 @@ var JobView = class {
       if (state !== null) this.state = state;
       return { kind: "snapshot", state, missed: state !== null };
     }
-    if (name === "error" && typeof data.error === "string" && frame.id === null) {
+    const gaveUp = data.error === "timeout" || data.error === "idle";
+    if (name === "error" && gaveUp && frame.id === null && data.event_id === void 0) {
       return this.finish(data.error === "idle" ? "idle" : "timeout", null);
     }
     const id = typeof data.event_id === "number" ? data.event_id : frame.id;
