@@ -122,9 +122,9 @@ ts-check: ts-deps
 ts-bundle: ts-deps
 	cd $(TS) && npm run --silent bundle
 
-# The npm package (clients/typescript/eco-router-client-<version>.tgz), built first.
+# The npm package (clients/typescript/eco-router-client-<version>.tgz); npm builds it first (prepack).
 ts-pack: ts-deps
-	cd $(TS) && npm run --silent build && npm pack
+	cd $(TS) && npm pack
 
 # The demo page's Hangul and emoji fonts (tools/demo_fonts.py), made again after the demo's
 # answers change; commit them. Debian's font packages and fontTools are downloaded and
