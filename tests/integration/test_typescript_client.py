@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,7 @@ def test_the_clients_node_tests_pass_against_a_real_server(
     served: tuple[str, dict[str, str]],
 ) -> None:
     base_url, server_env = served
+    streams_url = server_env["REDIS_STREAMS_URL"]
     node = _tool("node")
     subprocess.run(
         [str(_package_tool("tsc")), "-p", "tsconfig.build.json"], cwd=PACKAGE, check=True
@@ -120,6 +122,11 @@ def test_the_clients_node_tests_pass_against_a_real_server(
         "ECO_ROUTER_URL": base_url,
         "ECO_ROUTER_CLI": json.dumps(WorkerProcess.command()),
         "ECO_ROUTER_CHAT_ANSWERS": json.dumps(list(CHAT_ANSWERS)),
+        # A chat job's worker the tests drive themselves (a retried attempt).
+        "ECO_ROUTER_PRODUCER": json.dumps(
+            [sys.executable, "-m", "tests.integration.typescript_producer", streams_url]
+        ),
+        "ECO_ROUTER_ROOT": str(ROOT),
         # `eco-router token` signs with the server's secret.
         "EVENT_ROUTER_JWT_SECRET": server_env["EVENT_ROUTER_JWT_SECRET"],
     }

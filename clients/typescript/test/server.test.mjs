@@ -7,6 +7,7 @@ import {
   COMPLETE_JOB,
   cuttingProxy,
   mint,
+  produce,
   random,
   server,
   skip,
@@ -95,6 +96,37 @@ describe("watching a job across cuts", { skip }, () => {
     } finally {
       await proxy.close();
     }
+  });
+
+  test("a retried attempt's text replaces the first one's, checked at the end", async () => {
+    const job = `retried-${SEED}`;
+    produce(job, "queued");
+    let firstAttempt;
+    const typed = new Promise((resolve) => {
+      firstAttempt = resolve;
+    });
+    const hows = [];
+    const watch = watchJob("chat", job, {
+      baseUrl: server,
+      token: mint("chat", [job]),
+      backoff: QUICK,
+      onText: (text, how) => {
+        hows.push(how);
+        if (text === "첫 번째 try ") firstAttempt();
+      },
+    });
+    produce(job, "tokens", 0, "첫 ", "번째 ", "try ");
+    await typed;
+
+    produce(job, "tokens", 1, "second ", "try 🔁");
+    produce(job, "done", JSON.stringify({ answer: "second" }));
+    const end = await watch.done;
+
+    assert.equal(end.outcome, "done");
+    assert.equal(end.text, "second try 🔁");
+    assert.equal(end.textMatches, true);
+    assert.equal(watch.job.attempt, 1);
+    assert.ok(hows.includes("restart") || hows.includes("recovery"), hows.join());
   });
 
   test("a job that had ended where the watch resumes ends with the gateway's 204", async () => {

@@ -98,3 +98,12 @@ export async function cuttingProxy(plan) {
     });
   return proxy;
 }
+
+/** A chat job's worker (tests/integration/typescript_producer.py): one producer SDK call. */
+export function produce(job, action, ...args) {
+  const [command, ...prefix] = JSON.parse(process.env.ECO_ROUTER_PRODUCER ?? "[]");
+  execFileSync(command, [...prefix, job, action, ...args.map(String)], {
+    cwd: process.env.ECO_ROUTER_ROOT,
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+}
