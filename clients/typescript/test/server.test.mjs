@@ -129,6 +129,27 @@ describe("watching a job across cuts", { skip }, () => {
     assert.ok(hows.includes("restart") || hows.includes("recovery"), hows.join());
   });
 
+  test("connections closed unanswered (a gateway restarting) are tried again", async () => {
+    const started = await startDemo();
+    const proxy = await cuttingProxy((n) => (n < 3 ? 0 : Number.POSITIVE_INFINITY));
+    const statuses = [];
+    try {
+      const end = await watchJob("scan", started.job_id, {
+        baseUrl: proxy.url,
+        token: mint("scan", [started.job_id]),
+        backoff: QUICK,
+        onStatus: (status) => statuses.push(status.state),
+      }).done;
+
+      assert.equal(end.outcome, "done");
+      assert.equal(proxy.connections, 4);
+      assert.deepEqual(statuses.slice(0, 2), ["connecting", "reconnecting"]);
+      assert.equal(statuses.filter((state) => state === "live").length, 1);
+    } finally {
+      await proxy.close();
+    }
+  });
+
   test("a job that had ended where the watch resumes ends with the gateway's 204", async () => {
     const started = await startDemo();
     const token = mint("scan", [started.job_id]);
