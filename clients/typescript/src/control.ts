@@ -2,6 +2,7 @@ import { abortReason, detailOf, EcoRouterHttpError } from "./errors.js";
 import { bearer, type ConnectionOptions } from "./follow.js";
 import { hex } from "./text_check.js";
 import { backoffMs, retryAfterMs, sleep } from "./timing.js";
+import { webCrypto } from "./web_crypto.js";
 
 /** What the gateway answers a recorded cancel or input (202; docs/CONTROL.md). */
 export interface ControlReceipt {
@@ -23,8 +24,10 @@ export interface ControlOptions extends ConnectionOptions {
 }
 
 /** An unpredictable request id, so no other viewer can guess (and take) it. */
-export function newRequestId(kind: string): string {
-  return `${kind}-${hex(globalThis.crypto.getRandomValues(new Uint8Array(16)))}`;
+export async function newRequestId(kind: string): Promise<string> {
+  const crypto = await webCrypto();
+  if (crypto === undefined) throw new Error("no Web Crypto here to make a request id with");
+  return `${kind}-${hex(crypto.getRandomValues(new Uint8Array(16)))}`;
 }
 
 /** Statuses after which the same request, under the same id, may be recorded. */
@@ -45,7 +48,7 @@ export async function sendControl(
 ): Promise<ControlReceipt> {
   const fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
   const signal = options.signal ?? new AbortController().signal;
-  const requestId = options.requestId ?? newRequestId(kind);
+  const requestId = options.requestId ?? (await newRequestId(kind));
   const attempts = options.attempts ?? 6;
   const url = `${options.baseUrl ?? ""}/api/v1/${encodeURIComponent(domain)}/${encodeURIComponent(jobId)}/${kind}`;
   for (let attempt = 1; ; attempt += 1) {

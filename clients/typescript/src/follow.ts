@@ -91,7 +91,6 @@ export async function follow(
       const response = await fetchImpl(url, {
         headers,
         credentials: options.credentials ?? "same-origin",
-        cache: "no-store",
         signal: connection.signal,
       });
       if (response.status === 204) {

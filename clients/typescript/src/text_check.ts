@@ -1,4 +1,5 @@
 import type { TextCheck } from "./job_view.js";
+import { webCrypto } from "./web_crypto.js";
 
 /**
  * Whether `text` is the text the job's end describes (its UTF-8 bytes and their SHA-1);
@@ -7,7 +8,7 @@ import type { TextCheck } from "./job_view.js";
 export async function textMatches(text: string, check: TextCheck): Promise<boolean | null> {
   const bytes = new TextEncoder().encode(text);
   if (bytes.length !== check.bytes) return false;
-  const subtle = globalThis.crypto?.subtle;
+  const subtle = (await webCrypto())?.subtle;
   if (subtle === undefined) return null;
   const digest = new Uint8Array(await subtle.digest("SHA-1", bytes));
   return hex(digest) === check.sha1;

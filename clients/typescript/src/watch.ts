@@ -178,10 +178,9 @@ class Stream {
   run(url: string, routing: Routing): Handle & { done: Promise<JobEnd[]> } {
     const stop = new AbortController();
     const outer = this.callbacks.signal;
-    if (outer !== undefined) {
-      if (outer.aborted) stop.abort(outer.reason);
-      else outer.addEventListener("abort", () => stop.abort(outer.reason), { once: true });
-    }
+    const forward = (): void => stop.abort(outer?.reason);
+    if (outer?.aborted) forward();
+    else outer?.addEventListener("abort", forward, { once: true });
     let cut = (): void => undefined;
     // Started after the caller has the watch in hand: no callback runs inside `watchJob`.
     const following = Promise.resolve().then(() =>
@@ -224,7 +223,10 @@ class Stream {
       },
     );
     done.catch(() => undefined); // a watch nobody awaits must not be an unhandled rejection
-    const closed = following.finally(() => this.callbacks.onStatus?.({ state: "closed" }));
+    const closed = following.finally(() => {
+      outer?.removeEventListener("abort", forward);
+      this.callbacks.onStatus?.({ state: "closed" });
+    });
     closed.catch(() => undefined);
     return {
       done,

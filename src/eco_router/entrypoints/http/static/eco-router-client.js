@@ -269,7 +269,6 @@ async function follow(url, options, follower, signal, onConnection) {
       const response = await fetchImpl(url, {
         headers,
         credentials: options.credentials ?? "same-origin",
-        cache: "no-store",
         signal: connection2.signal
       });
       if (response.status === 204) {
@@ -326,11 +325,23 @@ async function follow(url, options, follower, signal, onConnection) {
   }
 }
 
+// src/web_crypto.ts
+async function webCrypto() {
+  if (globalThis.crypto !== void 0) return globalThis.crypto;
+  const nodeCrypto = "node:crypto";
+  try {
+    const module = await import(nodeCrypto);
+    return module.webcrypto;
+  } catch {
+    return void 0;
+  }
+}
+
 // src/text_check.ts
 async function textMatches(text, check) {
   const bytes = new TextEncoder().encode(text);
   if (bytes.length !== check.bytes) return false;
-  const subtle = globalThis.crypto?.subtle;
+  const subtle = (await webCrypto())?.subtle;
   if (subtle === void 0) return null;
   const digest = new Uint8Array(await subtle.digest("SHA-1", bytes));
   return hex(digest) === check.sha1;
@@ -340,14 +351,16 @@ function hex(bytes) {
 }
 
 // src/control.ts
-function newRequestId(kind) {
-  return `${kind}-${hex(globalThis.crypto.getRandomValues(new Uint8Array(16)))}`;
+async function newRequestId(kind) {
+  const crypto = await webCrypto();
+  if (crypto === void 0) throw new Error("no Web Crypto here to make a request id with");
+  return `${kind}-${hex(crypto.getRandomValues(new Uint8Array(16)))}`;
 }
 var RETRIED2 = /* @__PURE__ */ new Set([429, 502, 503, 504]);
 async function sendControl(domain, jobId, kind, body, options = {}) {
   const fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
   const signal = options.signal ?? new AbortController().signal;
-  const requestId = options.requestId ?? newRequestId(kind);
+  const requestId = options.requestId ?? await newRequestId(kind);
   const attempts = options.attempts ?? 6;
   const url = `${options.baseUrl ?? ""}/api/v1/${encodeURIComponent(domain)}/${encodeURIComponent(jobId)}/${kind}`;
   for (let attempt = 1; ; attempt += 1) {
@@ -566,10 +579,9 @@ var Stream = class {
   run(url, routing) {
     const stop = new AbortController();
     const outer = this.callbacks.signal;
-    if (outer !== void 0) {
-      if (outer.aborted) stop.abort(outer.reason);
-      else outer.addEventListener("abort", () => stop.abort(outer.reason), { once: true });
-    }
+    const forward = () => stop.abort(outer?.reason);
+    if (outer?.aborted) forward();
+    else outer?.addEventListener("abort", forward, { once: true });
     let cut = () => void 0;
     const following = Promise.resolve().then(
       () => follow(
@@ -609,7 +621,10 @@ var Stream = class {
       }
     );
     done.catch(() => void 0);
-    const closed = following.finally(() => this.callbacks.onStatus?.({ state: "closed" }));
+    const closed = following.finally(() => {
+      outer?.removeEventListener("abort", forward);
+      this.callbacks.onStatus?.({ state: "closed" });
+    });
     closed.catch(() => void 0);
     return {
       done,
