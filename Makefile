@@ -17,7 +17,8 @@ TOOLS := .tools
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
-	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
+	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean \
+	nodejs ts-deps ts-check ts-bundle ts-pack demo-fonts
 
 venv: $(RUN_STAMP)
 
@@ -90,10 +91,63 @@ $(PROMETHEUS_TOOLS)/promtool:
 	mv $(PROMETHEUS_TOOLS).part/root/usr/bin/promtool $(PROMETHEUS_TOOLS)/promtool
 	rm -rf $(PROMETHEUS_TOOLS).part
 
+# The TypeScript client (clients/typescript) needs Node.js and npm, from Debian's packages when
+# missing; its packages come from its lock alone (`npm ci`, re-run when the lock changes), so
+# nothing is downloaded later, when its tests run. `make run` needs none of it: the pages load
+# the committed bundle.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+nodejs:
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		echo "node: $$(command -v node) $$(node --version), npm $$(npm --version)"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
+	fi
+
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json | nodejs
+	cd $(TS) && npm ci --no-audit --no-fund
+	touch $(TS_STAMP)
+
+# Typecheck (tsc strict), lint and format (Biome), the package's build, and the committed
+# browser bundle checked against what the sources make.
+ts-check: ts-deps
+	cd $(TS) && npm run --silent typecheck && npm run --silent lint && npm run --silent build
+	cd $(TS) && npm run --silent bundle -- --check
+
+# Writes the browser bundle the pages load (src/eco_router/entrypoints/http/static/); commit it.
+ts-bundle: ts-deps
+	cd $(TS) && npm run --silent bundle
+
+# The npm package (clients/typescript/eco-router-client-<version>.tgz); npm builds it first (prepack).
+ts-pack: ts-deps
+	cd $(TS) && npm pack
+
+# The demo page's Hangul and emoji fonts (tools/demo_fonts.py), made again after the demo's
+# answers change; commit them. Debian's font packages and fontTools are downloaded and
+# extracted into .tools/demo-fonts, never installed.
+DEMO_FONTS_TOOLS := $(TOOLS)/demo-fonts
+STATIC := src/eco_router/entrypoints/http/static
+
+demo-fonts: venv
+	rm -rf $(DEMO_FONTS_TOOLS) && mkdir -p $(DEMO_FONTS_TOOLS)
+	cd $(DEMO_FONTS_TOOLS) && { apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools || \
+		{ $(SUDO) apt-get update && apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools; }; }
+	for deb in $(DEMO_FONTS_TOOLS)/*.deb; do dpkg-deb -x $$deb $(DEMO_FONTS_TOOLS)/root; done
+	PYTHONPATH=$(DEMO_FONTS_TOOLS)/root/usr/lib/python3/dist-packages $(BIN)/python tools/demo_fonts.py \
+		--hangul $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/nanum/NanumGothic.ttf \
+		--emoji $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf \
+		--licenses $(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-nanum/copyright \
+		$(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-noto-color-emoji/copyright \
+		--out $(STATIC)
+
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they
 # start servers and routers, and tests/faults measures timing under load.
-test: venv-test redis-server chromium prometheus podman lint
+test: venv-test redis-server chromium prometheus podman lint ts-check
 	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
 	$(BIN)/pytest -q --durations=15 -m "not parallel"
 
