@@ -70,6 +70,12 @@ from eco_router.domain.event_size import (
 from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
+from eco_router.entrypoints.discovery import (
+    InMemoryServeOnly,
+    choose_server,
+    discovery_dir,
+    live_records,
+)
 
 # Read at each call of `publish_stage_event`, never at import.
 from eco_router.producer_variables import (
@@ -85,6 +91,7 @@ __all__ = [
     "ControlKind",
     "ControlMessage",
     "ControlState",
+    "InMemoryServeOnly",
     "InvalidProgressEvent",
     "ProducerConfig",
     "ReplicasBehind",
@@ -98,6 +105,7 @@ __all__ = [
     "publish_stage_event",
     "publish_stage_event_async",
     "shard_for",
+    "streams_url",
 ]
 
 DEFAULT_DOMAIN = "scan"
@@ -141,23 +149,34 @@ def producer_config(
     )
 
 
-def connect(
-    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
-) -> StreamPublisher:
+def connect(url: str | None = None, config: ProducerConfig | None = None) -> StreamPublisher:
     """A synchronous publisher on `url` (default config: domain `scan`, 4 shards).
 
     `url` names one server (`redis://`), a Sentinel group (`redis+sentinel://`) or a Redis
     Cluster (`redis+cluster://`), as the routers' `REDIS_STREAMS_URL` does; on a cluster the
-    shards are hash-tagged, as the routers read them there.
+    shards are hash-tagged, as the routers read them there. Behind Sentinel, the publisher
+    leaves the old master as soon as the sentinels announce a failover. Without `url`, the
+    server is found as the `eco-router` commands find it (`streams_url`).
     """
+    url = streams_url() if url is None else url
     return StreamPublisher(sync_redis_client(url), laid_out(config or producer_config(), url))
 
 
 def connect_async(
-    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
+    url: str | None = None, config: ProducerConfig | None = None
 ) -> AsyncStreamPublisher:
     """An asyncio publisher on `url`, as `connect` gives a synchronous one."""
+    url = streams_url() if url is None else url
     return AsyncStreamPublisher(async_redis_client(url), laid_out(config or producer_config(), url))
+
+
+def streams_url() -> str:
+    """The streams server a publisher without a URL writes to, as the `eco-router` commands
+    choose it: `REDIS_STREAMS_URL` (or `EVENT_ROUTER_REDIS_STREAMS_URL`) when set; else the
+    Redis of the newest running `serve --embedded-redis` (`make run`); else
+    `redis://localhost:6379/0`. Raises `InMemoryServeOnly` when the only `serve` running
+    keeps its streams in memory, where no other process can write."""
+    return choose_server(os.environ, live_records(discovery_dir())).streams_url
 
 
 def laid_out(config: ProducerConfig, url: str) -> ProducerConfig:
