@@ -67,7 +67,13 @@ from eco_router.domain.event_size import (
     DEFAULT_MAX_RESULT_BYTES,
     EventSizeLimits,
 )
-from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
+from eco_router.domain.progress import (
+    DEFAULT_STAGES,
+    InvalidProgressEvent,
+    StageEvent,
+    StagePlan,
+    Status,
+)
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 from eco_router.entrypoints.discovery import (
@@ -95,6 +101,7 @@ __all__ = [
     "InvalidProgressEvent",
     "ProducerConfig",
     "ReplicasBehind",
+    "StageEvent",
     "StagePlan",
     "Status",
     "StreamPublisher",
@@ -222,10 +229,8 @@ def publish_stage_event(
     chosen = _chosen_config(
         config, domain, shards, cluster=isinstance(redis_client, redis.cluster.RedisCluster)
     )
-    publisher = _sync_publishers.get(redis_client, chosen)
-    return publisher.publish_stage_event(
-        job_id, stage, status, result=result, progress=progress, seq=seq
-    )
+    event = StageEvent(job_id, stage, status, result, progress, seq)
+    return _sync_publishers.get(redis_client, chosen).publish(event)
 
 
 async def publish_stage_event_async(
@@ -248,10 +253,8 @@ async def publish_stage_event_async(
         shards,
         cluster=isinstance(redis_client, redis.asyncio.cluster.RedisCluster),
     )
-    publisher = _async_publishers.get(redis_client, chosen)
-    return await publisher.publish_stage_event(
-        job_id, stage, status, result=result, progress=progress, seq=seq
-    )
+    event = StageEvent(job_id, stage, status, result, progress, seq)
+    return await _async_publishers.get(redis_client, chosen).publish(event)
 
 
 def _chosen_config(

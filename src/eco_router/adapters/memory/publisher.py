@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Iterable
 from typing import Any
 
 from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.adapters.producer_calls import StageEventCalls
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.token_batches import TokenTally, coalesced, refuse_text
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
+from eco_router.domain.progress import StageEvent
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
 
 
-class InMemoryStreamPublisher(ProgressPublisher):
+class InMemoryStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
     """Appends each (job, stage, status) and each (job, attempt, token seq) once; a repeat
     returns the first entry's id. `round_trips` counts the writes a Redis publisher would
     send: one per batch of tokens ready together."""
@@ -25,17 +27,8 @@ class InMemoryStreamPublisher(ProgressPublisher):
         self._streams = streams
         self._first_ids: dict[str, str] = {}
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+    async def publish(self, event: StageEvent) -> str:
+        entry = self.config.stage_event(event)
         self.round_trips += 1
         return self._append(entry)
 
