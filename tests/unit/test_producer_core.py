@@ -1,6 +1,7 @@
 """The producer's rules without I/O: the read loop of a job's control messages, what a
 publisher sends for a batch and what the replies mean, how a run of tokens is numbered and
-refused, and when a failed batch is sent again. No client, no clock: `now` is given."""
+refused, how deltas become batches, and when a failed batch is sent again. No client, no
+clock: `now` is given."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from eco_router.adapters.producer_core import (
     TokenRetries,
 )
 from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind
+from eco_router.adapters.token_batches import MAX_BATCH, TokenBatching
 from eco_router.domain.control import ControlKind, ControlMessage, ControlState, PendingControls
 from eco_router.domain.control_reading import (
     WAIT_SLICE_S,
@@ -24,6 +26,7 @@ from eco_router.domain.control_reading import (
     WaitForMore,
 )
 from eco_router.domain.progress import InvalidProgressEvent, StageEvent
+from eco_router.domain.token_entries import Coalescing
 from eco_router.producer import producer_config
 
 JOB = "job-1"
@@ -236,3 +239,74 @@ class TestThePublishCall:
         assert StageEvent(JOB, "vision", "completed").validated(plan).seq == 11
         with pytest.raises(InvalidProgressEvent, match="progress"):
             StageEvent(JOB, "vision", "completed", progress=101).validated(plan)
+
+
+RULE = Coalescing(window_s=0.05, max_cost=1000)
+
+
+class TestTokenBatching:
+    def test_deltas_within_the_window_share_an_entry_written_when_it_is_due(self) -> None:
+        batching = TokenBatching(RULE)
+        batching.arrived("a", 0.0)
+        batching.arrived("b", 0.01)
+
+        assert batching.batches() == []
+        assert batching.due_in(0.02) == pytest.approx(0.03)
+        batching.tick(0.05)
+        assert batching.batches() == [["ab"]]
+        assert batching.due_in(0.05) is None
+
+    def test_a_delta_after_the_window_closes_the_entry_before_it(self) -> None:
+        batching = TokenBatching(RULE)
+        batching.arrived("a", 0.0)
+        batching.arrived("b", 0.2)
+
+        assert batching.batches() == [["a"]]
+        batching.ended()
+        assert batching.batches() == [["b"]]
+        assert batching.over
+
+    def test_chunks_without_text_are_skipped_and_openai_chunks_read(self) -> None:
+        batching = TokenBatching(Coalescing(0, 1000))
+        batching.arrived({"choices": [{"delta": {"role": "assistant"}}]}, 0)
+        batching.arrived({"choices": [{"delta": {"content": "hi"}}]}, 0)
+        batching.arrived({"choices": []}, 0)
+        batching.ended()
+
+        assert batching.batches() == [["hi"]]
+
+    def test_what_came_before_an_item_that_is_not_a_delta_is_written_then_refused(
+        self,
+    ) -> None:
+        batching = TokenBatching(RULE)
+        batching.arrived("a", 0)
+        batching.arrived(42, 0)
+        batching.arrived("never", 0)
+
+        assert batching.over
+        assert batching.batches() == [["a"]]
+        with pytest.raises(InvalidProgressEvent, match="not int"):
+            batching.raise_failure()
+
+    def test_a_source_failure_is_raised_after_what_it_gave(self) -> None:
+        batching = TokenBatching(RULE)
+        batching.arrived("a", 0)
+        batching.failed(RuntimeError("model gone"))
+        batching.ended()
+
+        assert batching.batches() == [["a"]]
+        with pytest.raises(RuntimeError, match="model gone"):
+            batching.raise_failure()
+
+    def test_batches_hold_at_most_max_batch_entries_and_a_whole_source_waits_for_one(
+        self,
+    ) -> None:
+        batching = TokenBatching(Coalescing(0, 1000))
+        for n in range(MAX_BATCH):
+            batching.arrived(str(n), 0)
+            assert batching.full_batches() == []
+        batching.arrived("last", 0)
+
+        assert [len(b) for b in batching.full_batches()] == [MAX_BATCH]
+        batching.ended()
+        assert batching.batches() == [["last"]]

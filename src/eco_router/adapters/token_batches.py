@@ -49,45 +49,117 @@ def refuse_text(tokens: object) -> None:
         )
 
 
+class TokenBatching:
+    """The deltas of one run turned into batches of entry texts, without I/O: a shell feeds
+    what its source gave and when (`arrived`, `ended`, `failed`, `tick`) and writes what
+    `batches` hands, whatever it reads with (a thread, an event loop).
+
+    - Deltas merge as `Coalescing` rules; an empty delta (a chunk without text) is skipped.
+    - A batch holds at most `MAX_BATCH` entries.
+    - The source's end, its failure, or an item that is not a delta close the pending
+      entry: what came before is written, then the failure is raised (`raise_failure`), and
+      nothing the source gives after it is taken.
+    """
+
+    def __init__(self, rule: Coalescing) -> None:
+        self._rule = rule
+        self._pending: PendingText | None = None
+        self._ready: list[str] = []
+        self._failure: BaseException | None = None
+        self.over = False
+
+    def arrived(self, item: object, now: float) -> None:
+        """The source gave `item` at `now`."""
+        if self.over:
+            return
+        try:
+            text = delta_text(item)
+        except InvalidProgressEvent as error:
+            self.failed(error)
+            return
+        if not text:  # an empty delta would cost an entry and change nothing
+            return
+        self._pending, closed = self._rule.add(self._pending, text, cost=delta_cost(text), now=now)
+        if closed is not None:
+            self._ready.append(closed)
+
+    def ended(self) -> None:
+        """The source is exhausted."""
+        self._close()
+
+    def failed(self, error: BaseException) -> None:
+        """The source raised `error` (or gave what is not a delta)."""
+        if not self.over:
+            self._failure = error
+            self._close()
+
+    def due_in(self, now: float) -> float | None:
+        """How long until the pending entry is due (None: no entry is pending)."""
+        if self._pending is None:
+            return None
+        return max(self._rule.due_at(self._pending) - now, 0.0)
+
+    def tick(self, now: float) -> None:
+        """Close the pending entry if its window is over at `now`."""
+        if self._pending is not None and now >= self._rule.due_at(self._pending):
+            self._ready.append(self._pending.text)
+            self._pending = None
+
+    def batches(self) -> list[list[str]]:
+        """The closed entries not handed yet, in batches of at most `MAX_BATCH`."""
+        ready, self._ready = self._ready, []
+        return [ready[start : start + MAX_BATCH] for start in range(0, len(ready), MAX_BATCH)]
+
+    def full_batches(self) -> list[list[str]]:
+        """`batches`, only once a whole batch is closed (a source that is all there: fewer
+        round trips)."""
+        return self.batches() if len(self._ready) >= MAX_BATCH else []
+
+    def raise_failure(self) -> None:
+        """Raise what stopped the source, if anything did."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _close(self) -> None:
+        if self._pending is not None:
+            self._ready.append(self._pending.text)
+            self._pending = None
+        self.over = True
+
+
 async def coalesced(
     tokens: TokenSource, rule: Coalescing, *, clock: Clock = time.monotonic
 ) -> AsyncGenerator[list[str], None]:
-    """The texts of the entries `tokens` make, in batches of those ready together.
+    """The texts of the entries `tokens` make, in batches of those ready together
+    (`TokenBatching`'s rules).
 
     A separate task reads the source, so a pending entry is written when its window ends
-    even while the source is quiet, and deltas keep coming while a batch is written. What
-    arrived before the source fails (or yields something that is not a delta) is written,
-    then its error is raised. Close the generator (`contextlib.aclosing`): that stops the
-    reading task.
+    even while the source is quiet, and deltas keep coming while a batch is written. Close
+    the generator (`contextlib.aclosing`): that stops the reading task.
     """
     queue: asyncio.Queue[tuple[float, object]] = asyncio.Queue(_READ_AHEAD)
     reader = asyncio.create_task(_read(tokens, queue, clock), name="token source")
-    pending: PendingText | None = None
+    batching = TokenBatching(rule)
     try:
-        while True:
-            timeout = None if pending is None else max(rule.due_at(pending) - clock(), 0.0)
+        while not batching.over:
             try:
-                async with asyncio.timeout(timeout):
-                    first = await queue.get()
+                async with asyncio.timeout(batching.due_in(clock())):
+                    arrived = [await queue.get()]
             except TimeoutError:
-                assert pending is not None  # only a pending entry sets a timeout
-                yield [pending.text]
-                pending = None
-                continue
-            arrived = [first]
+                arrived = []
             while not queue.empty():
                 arrived.append(queue.get_nowait())
-            ready: list[str] = []
-            pending, ended, failure = _merge(arrived, pending, rule, ready)
-            if pending is not None and (ended or failure or clock() >= rule.due_at(pending)):
-                ready.append(pending.text)
-                pending = None
-            for start in range(0, len(ready), MAX_BATCH):
-                yield ready[start : start + MAX_BATCH]
-            if failure is not None:
-                raise failure
-            if ended:
-                return
+            for at, item in arrived:
+                if isinstance(item, _End):
+                    batching.ended()
+                elif isinstance(item, _Failed):
+                    batching.failed(item.error)
+                else:
+                    batching.arrived(item, at)
+            batching.tick(clock())
+            for batch in batching.batches():
+                yield batch
+        batching.raise_failure()
     finally:
         await cancel_and_wait([reader])
 
@@ -102,30 +174,21 @@ def coalesced_sync(
     when a delta comes after its window (or would not fit), or at the end.
     """
     whole = isinstance(tokens, Sequence)
-    ready: list[str] = []
-    pending: PendingText | None = None
-    failure: BaseException | None = None
+    batching = TokenBatching(rule)
     iterator = iter(tokens)
-    while True:
+    while not batching.over:
         try:
             item = next(iterator)
         except StopIteration:
+            batching.ended()
             break
         except Exception as error:  # written up to here, then raised
-            failure = error
+            batching.failed(error)
             break
-        pending, _, failure = _merge([(clock(), item)], pending, rule, ready)
-        if failure is not None:
-            break
-        if ready and (not whole or len(ready) >= MAX_BATCH):
-            yield ready
-            ready = []
-    if pending is not None:
-        ready.append(pending.text)
-    for start in range(0, len(ready), MAX_BATCH):
-        yield ready[start : start + MAX_BATCH]
-    if failure is not None:
-        raise failure
+        batching.arrived(item, clock())
+        yield from batching.full_batches() if whole else batching.batches()
+    yield from batching.batches()
+    batching.raise_failure()
 
 
 @dataclass(slots=True)
@@ -146,31 +209,6 @@ class TokenTally:
     def published(self) -> TokensPublished:
         last = self.first_seq + self.entries - 1 if self.entries else None
         return TokensPublished(self.entries, self.first_seq, last, self.characters, self.text_bytes)
-
-
-def _merge(
-    arrived: Iterable[tuple[float, object]],
-    pending: PendingText | None,
-    rule: Coalescing,
-    ready: list[str],
-) -> tuple[PendingText | None, bool, BaseException | None]:
-    """Feed arrived items to `rule`, appending closed entries to `ready`; returns the pending
-    entry, whether the source ended and the error that stops it, if any."""
-    for arrived_at, item in arrived:
-        if isinstance(item, _End):
-            return pending, True, None
-        if isinstance(item, _Failed):
-            return pending, False, item.error
-        try:
-            text = delta_text(item)
-        except InvalidProgressEvent as error:
-            return pending, False, error
-        if not text:  # an empty delta would cost an entry and change nothing
-            continue
-        pending, closed = rule.add(pending, text, cost=delta_cost(text), now=arrived_at)
-        if closed is not None:
-            ready.append(closed)
-    return pending, False, None
 
 
 async def _read(
