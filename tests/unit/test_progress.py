@@ -29,7 +29,7 @@ def md5_shard(job_id: str, shards: int) -> int:
 
 
 def call_fields(**overrides: Any) -> dict[str, str]:
-    """The entry fields `ProducerConfig.call` prepares for a valid event, with overrides."""
+    """The entry fields `ProducerConfig.stage_event` prepares for a valid event, with overrides."""
     values: dict[str, Any] = {"job_id": "job-1", "stage": "vision", "status": "started"}
     values.update(overrides)
     job_id, stage, status = values.pop("job_id"), values.pop("stage"), values.pop("status")
