@@ -8,14 +8,7 @@ from collections.abc import AsyncIterator
 
 from eco_router.application.ports import ControlStore
 from eco_router.domain.control import ControlMessage
-from eco_router.domain.control_reading import (
-    WAIT_SLICE_S,
-    ControlReading,
-    Deliver,
-    KnownCancels,
-)
-
-__all__ = ["WAIT_SLICE_S", "ControlInbox"]
+from eco_router.domain.control_reading import ControlReading, Deliver, KnownCancels
 
 
 class ControlInbox:
