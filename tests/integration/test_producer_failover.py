@@ -10,6 +10,7 @@ A publisher that kept writing there would be given entry ids of events that are 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.integration
 
 CONFIG = producer_config(domain="scan", shards=4, wait_replicas=1, wait_timeout_ms=1000)
 WRITERS = 4
+LISTENER = "sentinel-announcements-"
 
 
 @pytest.fixture
@@ -127,3 +129,35 @@ class TestABlockingPublisherThroughAFailoverAskedOfSentinel:
         assert demoted_s > 1.0, "the old master was demoted at once: nothing here was at risk"
         assert len(writers.acknowledged) > before_end, "no event went to the promoted master"
         assert lost == [], f"{len(lost)} of {len(writers.acknowledged)} acknowledged events lost"
+
+
+class TestAForkedWorker:
+    """A Celery prefork worker forks after the module made its publisher: a fork copies no
+    thread, so the child listens to the sentinels again from its own first connection."""
+
+    def test_a_child_forked_after_the_first_connection_listens_to_every_sentinel(
+        self, sentinel_group: SentinelGroup
+    ) -> None:
+        publisher = connect(sentinel_group.url, producer_config(domain="scan", shards=4))
+        publisher.publish_stage_event("job-parent", "queued", "queued")
+        sentinels = len(sentinel_group.sentinels)
+        until_every_sentinel_is_listened_to(publisher, sentinels)
+        fork = multiprocessing.get_context("fork")
+        answers = fork.Queue()
+
+        child = fork.Process(target=listeners_in_a_child, args=(publisher, sentinels, answers))
+        child.start()
+        listeners = answers.get(timeout=60)
+        child.join()
+
+        assert listeners == sentinels
+        assert child.exitcode == 0
+
+
+def listeners_in_a_child(
+    publisher: StreamPublisher, sentinels: int, answers: multiprocessing.Queue[int]
+) -> None:
+    """In the forked child: publish, then say how many listening threads run here."""
+    publisher.publish_stage_event("job-child", "queued", "queued")
+    until_every_sentinel_is_listened_to(publisher, sentinels)
+    answers.put(sum(t.name.startswith(LISTENER) for t in threading.enumerate()))
