@@ -5,9 +5,12 @@
     publisher = connect("redis://localhost:6379/0", producer_config(domain="scan", shards=4))
     entry_id = publisher.publish_stage_event("job-42", "vision", "completed", progress=25)
 
-`connect_async` gives the same for asyncio code. Calls are validated before Redis is touched
-(`InvalidProgressEvent`), the seq is deterministic, and a repeated call within the
-idempotency window returns the first entry's id instead of adding another.
+`connect_async` gives the same for asyncio code; without a URL both write to the Redis the
+`eco-router` commands would find (`streams_url`: the environment's, else `make run`'s). Both
+are thin shells around one core (`adapters/producer_core.py`): the rules below hold for
+either. Calls are validated before Redis is touched (`InvalidProgressEvent`), the seq is
+deterministic, and a repeated call within the idempotency window returns the first entry's
+id instead of adding another.
 
 A chat answer goes out as tokens while the model writes it: `str` deltas or OpenAI-style
 chunks, merged within `coalesce_ms`, each entry written once per (job, attempt, seq):
