@@ -5,6 +5,8 @@ clock: `now` is given."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ from eco_router.domain.control_reading import (
 )
 from eco_router.domain.progress import InvalidProgressEvent, StageEvent
 from eco_router.domain.token_entries import Coalescing
-from eco_router.producer import producer_config
+from eco_router.producer import AsyncStreamPublisher, StreamPublisher, producer_config
 
 JOB = "job-1"
 
@@ -310,3 +312,21 @@ class TestTokenBatching:
         assert [len(b) for b in batching.full_batches()] == [MAX_BATCH]
         batching.ended()
         assert batching.batches() == [["last"]]
+
+
+class TestTheTwoShells:
+    def test_the_blocking_and_asyncio_publishers_offer_the_same_calls(self) -> None:
+        def calls(shell: type) -> dict[str, list[tuple[str, object, object]]]:
+            return {
+                name: [
+                    (p.name, p.kind, p.default)
+                    for p in inspect.signature(getattr(shell, name)).parameters.values()
+                ]
+                for name in dir(shell)
+                if not name.startswith("_") and callable(getattr(shell, name))
+            }
+
+        blocking, asyncio_ = calls(StreamPublisher), calls(AsyncStreamPublisher)
+
+        assert "publish_stage_event" in blocking
+        assert blocking == asyncio_
