@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from eco_router.adapters.producer_calls import StageEventCalls
 from eco_router.adapters.producer_core import (
+    MAX_BATCH,
     TOKEN_WRITE_RETRY_S,
     PublisherCore,
+    TokenBatching,
     TokenRetries,
 )
-from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind
-from eco_router.adapters.token_batches import MAX_BATCH, TokenBatching
+from eco_router.application.errors import ReplicasBehind
 from eco_router.domain.control import ControlKind, ControlMessage, ControlState, PendingControls
 from eco_router.domain.control_reading import (
     WAIT_SLICE_S,

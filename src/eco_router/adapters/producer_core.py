@@ -1,6 +1,7 @@
 """The producer's rules without I/O, for every publisher (blocking, asyncio, in memory): what
-each call appends, the commands that append it, what their replies mean, how a run of tokens
-is numbered, counted and retried. A publisher only sends and waits."""
+each call appends, the commands that append it, what their replies mean, how deltas become
+batches of tokens, how a run of them is numbered, counted and retried. A publisher only
+reads its source, sends and waits."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eco_router.adapters.progress_entries import PreparedEntry, PreparedTokens, ProducerConfig
-from eco_router.adapters.redis.connections.replica_wait import ReplicasBehind, ReplicaWait
-from eco_router.adapters.token_batches import TokenTally, refuse_text
+from eco_router.adapters.progress_entries import (
+    PreparedEntry,
+    PreparedTokens,
+    ProducerConfig,
+    delta_cost,
+    delta_text,
+)
 from eco_router.application.backoff import Backoff
+from eco_router.application.errors import ReplicasBehind
 from eco_router.domain.event import FIRST_TOKEN_SEQ
 from eco_router.domain.progress import InvalidProgressEvent, StageEvent
 from eco_router.domain.token_entries import (
     DEFAULT_COALESCE_MS,
     Coalescing,
+    PendingText,
     TokensPublished,
     token_run,
 )
@@ -28,6 +35,10 @@ logger = logging.getLogger(__name__)
 # lost with its connection, or refused mid-failover, is sent again for up to this long before
 # its error is raised. An entry of it that had landed is not added again: its marker answers.
 TOKEN_WRITE_RETRY_S = 10.0
+
+# Entries in one round trip at most: a long list of deltas goes in a few pipelines, not one
+# that holds the server for its whole length.
+MAX_BATCH = 256
 
 # One command of a pipeline: its words, and where a cluster client sends it.
 Command = tuple[tuple[str | int, ...], dict[str, Any]]
@@ -41,6 +52,112 @@ def script_arguments(
     for name, value in entry.fields.items():
         args += (name, value)
     return [entry.stream, entry.idempotency_key], args
+
+
+def refuse_text(tokens: object) -> None:
+    """A `str` is an iterable of characters: passing one is a mistake, not a stream."""
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise InvalidProgressEvent(
+            "tokens must be an iterable of deltas, not one text: use publish_token for one"
+        )
+
+
+class TokenBatching:
+    """The deltas of one run turned into batches of entry texts, without I/O: a shell feeds
+    what its source gave and when (`arrived`, `ended`, `failed`, `tick`) and writes what
+    `batches` hands, whatever it reads with (a thread, an event loop).
+
+    - Deltas merge as `Coalescing` rules; an empty delta (a chunk without text) is skipped.
+    - A batch holds at most `MAX_BATCH` entries.
+    - The source's end, its failure, or an item that is not a delta close the pending
+      entry: what came before is written, then the failure is raised (`raise_failure`), and
+      nothing the source gives after it is taken.
+    """
+
+    def __init__(self, rule: Coalescing) -> None:
+        self._rule = rule
+        self._pending: PendingText | None = None
+        self._ready: list[str] = []
+        self._failure: BaseException | None = None
+        self.over = False
+
+    def arrived(self, item: object, now: float) -> None:
+        """The source gave `item` at `now`."""
+        if self.over:
+            return
+        try:
+            text = delta_text(item)
+        except InvalidProgressEvent as error:
+            self.failed(error)
+            return
+        if not text:  # an empty delta would cost an entry and change nothing
+            return
+        self._pending, closed = self._rule.add(self._pending, text, cost=delta_cost(text), now=now)
+        if closed is not None:
+            self._ready.append(closed)
+
+    def ended(self) -> None:
+        """The source is exhausted."""
+        self._close()
+
+    def failed(self, error: BaseException) -> None:
+        """The source raised `error` (or gave what is not a delta)."""
+        if not self.over:
+            self._failure = error
+            self._close()
+
+    def due_in(self, now: float) -> float | None:
+        """How long until the pending entry is due (None: no entry is pending)."""
+        if self._pending is None:
+            return None
+        return max(self._rule.due_at(self._pending) - now, 0.0)
+
+    def tick(self, now: float) -> None:
+        """Close the pending entry if its window is over at `now`."""
+        if self._pending is not None and now >= self._rule.due_at(self._pending):
+            self._ready.append(self._pending.text)
+            self._pending = None
+
+    def batches(self) -> list[list[str]]:
+        """The closed entries not handed yet, in batches of at most `MAX_BATCH`."""
+        ready, self._ready = self._ready, []
+        return [ready[start : start + MAX_BATCH] for start in range(0, len(ready), MAX_BATCH)]
+
+    def full_batches(self) -> list[list[str]]:
+        """`batches`, only once a whole batch is closed (a source that is all there: fewer
+        round trips)."""
+        return self.batches() if len(self._ready) >= MAX_BATCH else []
+
+    def raise_failure(self) -> None:
+        """Raise what stopped the source, if anything did."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _close(self) -> None:
+        if self._pending is not None:
+            self._ready.append(self._pending.text)
+            self._pending = None
+        self.over = True
+
+
+@dataclass(slots=True)
+class TokenTally:
+    """What a run has written so far."""
+
+    first_seq: int
+    entries: int = 0
+    characters: int = 0
+    text_bytes: int = 0
+
+    def add(self, texts: Sequence[str]) -> None:
+        for text in texts:
+            self.entries += 1
+            self.characters += len(text)
+            self.text_bytes += len(text.encode())
+
+    def published(self) -> TokensPublished:
+        last = self.first_seq + self.entries - 1 if self.entries else None
+        return TokensPublished(self.entries, self.first_seq, last, self.characters, self.text_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +224,10 @@ class PublisherCore:
 
     def __init__(self, config: ProducerConfig) -> None:
         self.config = config
-        self.wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
+        # Replicas that must have each write before a call returns (0: none), and how long
+        # WAIT waits for them.
+        self.replicas = config.wait_replicas
+        self.timeout_ms = config.wait_timeout_ms
 
     def stage_event(self, event: StageEvent) -> PreparedEntry:
         return self.config.stage_event(event)
@@ -144,20 +264,20 @@ class PublisherCore:
         for entry in entries:
             keys, args = self.script_call(entry)
             commands.append((("EVALSHA", sha, len(keys), *keys, *args), {}))
-        if self.wait.replicas:
+        if self.replicas:
             # On the connection that wrote: WAIT counts the replicas that have its writes.
-            commands.append((("WAIT", self.wait.replicas, self.wait.timeout_ms), on_node))
+            commands.append((("WAIT", self.replicas, self.timeout_ms), on_node))
         return commands
 
     def entry_ids(self, replies: list[Any]) -> list[str]:
         """The entry ids the pipeline's replies give; `ReplicasBehind` when WAIT fell short
         (the entries are written: sending them again returns the same ids)."""
-        if self.wait.replicas:
+        if self.replicas:
             acked = int(replies.pop())
-            if acked < self.wait.replicas:
+            if acked < self.replicas:
                 raise ReplicasBehind(
-                    f"{acked} of {self.wait.replicas} replicas acknowledged the write within "
-                    f"{self.wait.timeout_ms} ms"
+                    f"{acked} of {self.replicas} replicas acknowledged the write within "
+                    f"{self.timeout_ms} ms"
                 )
         return [entry_id(reply) for reply in replies]
 

@@ -25,6 +25,7 @@ from eco_router.adapters.producer_core import (
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
 from eco_router.adapters.redis.connections.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connections.connection import RedisClient
+from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
 from eco_router.adapters.redis.control_store import BlockingControlInbox, RedisControlStore
 from eco_router.adapters.redis.errors import is_transient
 from eco_router.adapters.redis.scripts import load_lua
@@ -49,6 +50,7 @@ class AsyncStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
         translate_closed_writes()
         self.config = config
         self._core = PublisherCore(config)
+        self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
         self._client = client
         self._script = client.register_script(load_lua("append_once.lua"))
         store = RedisControlStore(client, families=[config.family], clock=SystemClock())
@@ -127,7 +129,7 @@ class AsyncStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
 
     async def _append(self, entry: PreparedEntry) -> str:
         keys, args = self._core.script_call(entry)
-        return entry_id(await self._core.wait.call(self._client, self._script, keys, args))
+        return entry_id(await self._wait.call(self._client, self._script, keys, args))
 
     async def _append_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
         """Each entry once, in order, in one round trip (with its WAIT, when asked); sent
@@ -153,7 +155,7 @@ class AsyncStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
     async def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
         on_node: dict[str, Any] = {}
         client = self._client
-        if self._core.wait.replicas and isinstance(client, redis.asyncio.cluster.RedisCluster):
+        if self._core.replicas and isinstance(client, redis.asyncio.cluster.RedisCluster):
             await client.initialize()  # learns the slots on first use
             on_node["target_nodes"] = client.get_node_from_key(entries[0].stream)
         async with client.pipeline(transaction=False) as pipe:
@@ -171,6 +173,7 @@ class StreamPublisher(StageEventCalls[str]):
     ) -> None:
         self.config = config
         self._core = PublisherCore(config)
+        self._wait = ReplicaWait(config.wait_replicas, config.wait_timeout_ms)
         self._client = client
         self._script = client.register_script(load_lua("append_once.lua"))
         self._controls = BlockingControlInbox(client, config.family)
@@ -233,7 +236,7 @@ class StreamPublisher(StageEventCalls[str]):
 
     def _append(self, entry: PreparedEntry) -> str:
         keys, args = self._core.script_call(entry)
-        return entry_id(self._core.wait.call_sync(self._client, self._script, keys, args))
+        return entry_id(self._wait.call_sync(self._client, self._script, keys, args))
 
     def _append_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
         """As `AsyncStreamPublisher._append_batch`."""
@@ -253,7 +256,7 @@ class StreamPublisher(StageEventCalls[str]):
 
     def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
         on_node: dict[str, Any] = {}
-        if self._core.wait.replicas and isinstance(self._client, redis.cluster.RedisCluster):
+        if self._core.replicas and isinstance(self._client, redis.cluster.RedisCluster):
             on_node["target_nodes"] = self._client.get_node_from_key(entries[0].stream)  # type: ignore[no-untyped-call]
         with self._client.pipeline(transaction=False) as pipe:
             for words, options in self._core.pipelined(self._script.sha, entries, on_node):
