@@ -331,3 +331,22 @@ class TestTheTwoShells:
 
         assert "publish_stage_event" in blocking
         assert blocking == asyncio_
+
+
+class TestAPipelineWithoutItsScript:
+    def test_it_is_sent_again_at_once_the_script_loaded_first_once(self) -> None:
+        retries = TokenRetries(now=0)
+        missing = Exception("NOSCRIPT")
+
+        assert retries.script_to_load() is False
+        assert retries.delay_after(missing, transient=False, now=0, no_script=True) == 0.0
+        assert retries.script_to_load() is True
+        assert retries.script_to_load() is False
+
+    def test_a_second_refusal_after_loading_is_raised(self) -> None:
+        retries = TokenRetries(now=0)
+        missing = Exception("NOSCRIPT")
+        retries.delay_after(missing, transient=False, now=0, no_script=True)
+
+        with pytest.raises(Exception, match="NOSCRIPT"):
+            retries.delay_after(missing, transient=False, now=0, no_script=True)

@@ -202,20 +202,38 @@ class TokenWriting:
 
 
 class TokenRetries:
-    """How long to wait before sending a failed batch of tokens again; raises the error when
-    it will not pass by retrying (`transient` says which do), or when `TOKEN_WRITE_RETRY_S`
-    would be over."""
+    """Sending one batch of tokens until it lands (it holds the only copy of its deltas):
+
+    - A pipeline refused for want of the script (NOSCRIPT: a pipeline does not load it by
+      itself) is sent again at once, the script loaded first (`script_to_load`). None of its
+      calls ran; were some to have, their markers make the second try return their first ids.
+    - An error that passes by retrying (`transient`) is sent again after a growing delay, for
+      up to `TOKEN_WRITE_RETRY_S`; any other error is raised, and so is one past that time.
+    """
 
     def __init__(self, now: float) -> None:
         self._backoff = Backoff(initial_s=0.05, max_s=1.0)
         self._deadline = now + TOKEN_WRITE_RETRY_S
+        self._script_missing = False
+        self._script_loaded = False
 
-    def delay_after(self, error: Exception, *, transient: bool, now: float) -> float:
+    def delay_after(
+        self, error: Exception, *, transient: bool, now: float, no_script: bool = False
+    ) -> float:
+        """How long to wait before sending the batch again, or `error` raised."""
+        if no_script and not self._script_loaded:
+            self._script_missing = self._script_loaded = True
+            return 0.0
         delay = self._backoff.next_delay()
         if not transient or now + delay > self._deadline:
             raise error
         logger.info("token write failed, sending it again in %.2f s: %r", delay, error)
         return delay
+
+    def script_to_load(self) -> bool:
+        """Whether to load the script before the next send (once, after a NOSCRIPT)."""
+        missing, self._script_missing = self._script_missing, False
+        return missing
 
 
 class PublisherCore:

@@ -133,24 +133,17 @@ class AsyncStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
 
     async def _append_batch(self, entries: Sequence[PreparedEntry]) -> list[str]:
         """Each entry once, in order, in one round trip (with its WAIT, when asked); sent
-        again while it fails for a reason that passes."""
+        again as `TokenRetries` decides."""
         retries = TokenRetries(time.monotonic())
         while True:
             try:
+                if retries.script_to_load():
+                    await self._client.script_load(self._script.script)
                 if len(entries) <= 1:
                     return [await self._append(entry) for entry in entries]
-                try:
-                    return await self._pipelined(entries)
-                except NoScriptError:
-                    # A pipeline does not load scripts by itself. None of its calls ran; were
-                    # some to have, their markers make the second try return their first ids.
-                    await self._client.script_load(self._script.script)
-                    return await self._pipelined(entries)
+                return await self._pipelined(entries)
             except Exception as error:
-                transient = is_transient(error)
-                await asyncio.sleep(
-                    retries.delay_after(error, transient=transient, now=time.monotonic())
-                )
+                await asyncio.sleep(_delay_after(retries, error))
 
     async def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
         on_node: dict[str, Any] = {}
@@ -243,16 +236,13 @@ class StreamPublisher(StageEventCalls[str]):
         retries = TokenRetries(time.monotonic())
         while True:
             try:
+                if retries.script_to_load():
+                    self._client.script_load(self._script.script)
                 if len(entries) <= 1:
                     return [self._append(entry) for entry in entries]
-                try:
-                    return self._pipelined(entries)
-                except NoScriptError:
-                    self._client.script_load(self._script.script)
-                    return self._pipelined(entries)
+                return self._pipelined(entries)
             except Exception as error:
-                transient = is_transient(error)
-                time.sleep(retries.delay_after(error, transient=transient, now=time.monotonic()))
+                time.sleep(_delay_after(retries, error))
 
     def _pipelined(self, entries: Sequence[PreparedEntry]) -> list[str]:
         on_node: dict[str, Any] = {}
@@ -263,3 +253,13 @@ class StreamPublisher(StageEventCalls[str]):
                 pipe.execute_command(*words, **options)
             replies = pipe.execute()
         return self._core.entry_ids(replies)
+
+
+def _delay_after(retries: TokenRetries, error: Exception) -> float:
+    """`retries.delay_after` told what redis-py's `error` is."""
+    return retries.delay_after(
+        error,
+        transient=is_transient(error),
+        now=time.monotonic(),
+        no_script=isinstance(error, NoScriptError),
+    )
