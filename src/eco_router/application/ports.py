@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from eco_router.domain.event import JobEvent
     from eco_router.domain.grant import Grant
     from eco_router.domain.ownership import Lease
+    from eco_router.domain.progress import StageEvent
     from eco_router.domain.rejection import RejectReason
     from eco_router.domain.sse import GatewayEvent
     from eco_router.domain.streams import StreamFamily
@@ -368,17 +369,9 @@ class RouterMetrics(HealthMetrics, Protocol):
 class ProgressPublisher(Protocol):
     """Anything that publishes a job's stage event (the Redis or the in-memory producer)."""
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        """Append the event once; returns its stream entry id."""
+    async def publish(self, event: StageEvent) -> str:
+        """Append the event once; returns its stream entry id (the first one's, when the same
+        (job, stage, status) was published already)."""
         ...
 
     async def publish_tokens(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
-from eco_router.domain.progress import StagePlan
+from eco_router.domain.progress import StageEvent, StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 from eco_router.entrypoints.terminal_text import plural, printable
@@ -109,15 +109,13 @@ async def publish(
             decoded = json.loads(result)
         except ValueError as error:
             raise UsageError(f"--result is not JSON: {error}") from error
+    event = StageEvent(job, stage, status, result=decoded, progress=progress, seq=seq)
     # Validate before connecting: bad input never reaches Redis.
-    config.call(job, stage, status, result=decoded, progress=progress, seq=seq)
+    config.stage_event(event)
     from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher
 
     async with streams_client(settings) as client:
-        publisher = AsyncStreamPublisher(client, config)
-        entry_id = await publisher.publish_stage_event(
-            job, stage, status, result=decoded, progress=progress, seq=seq
-        )
+        entry_id = await AsyncStreamPublisher(client, config).publish(event)
     say(server.line(), out)
     say(f"{config.family.stream_for(job)} {entry_id}", out)
     return 0
@@ -165,21 +163,10 @@ class _FailuresNoted(ProgressPublisher):
     def failed_jobs(self) -> list[str]:
         return list(self._failed)
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        if status == "failed":
-            self._failed[job_id] = None
-        return await self._publisher.publish_stage_event(
-            job_id, stage, status, result=result, progress=progress, seq=seq
-        )
+    async def publish(self, event: StageEvent) -> str:
+        if event.status == "failed":
+            self._failed[event.job_id] = None
+        return await self._publisher.publish(event)
 
     async def publish_tokens(
         self,
