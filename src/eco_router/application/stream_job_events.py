@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from eco_router.application.errors import TransientError
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, LiveEvent
 from eco_router.application.ports import (
     Clock,
     EventDecoder,
@@ -198,7 +199,7 @@ class StreamJobEvents:
             # A job never heard of is given up as idle counting from here.
             opened_ms = self._clock.now_ms()
             if writer is not None:
-                subscription.write_through(lambda event: self._write_through(event, cursor, writer))
+                subscription.write_through(partial(self._write_through, cursor, writer))
                 # The connection keeps itself alive: on thousands of idle streams, a wake-up
                 # of each one's task per keepalive was most of the gateway's idle CPU.
                 writer.keep_alive(self._limits.keepalive_s, KEEPALIVE_FRAME)
@@ -340,16 +341,36 @@ class StreamJobEvents:
             idle_after_ms=self._idle_ms,
         )
 
-    def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
+    def _write_through(self, cursor: _Cursor, writer: FrameWriter, live: LiveEvent) -> bool:
         """A live event written at once, from the feed's fan-out, while the stream waits: no
-        task switch per viewer. A terminal event still goes through the queue: the stream
-        ends with it; so does one that tells the client missed events: it needs the store."""
+        task switch per viewer, and only what differs per viewer (is it past this id, can
+        the connection take it, the write); the clock and the metrics are once per event
+        (`_report_live`). A terminal event still goes through the queue: the stream ends with
+        it; so does one that tells the client missed events: it needs the store."""
+        event = live.event
         if event.terminal or not writer.writable() or missed_before(event, cursor.last_sent):
             return False
-        frames = self._live(event, cursor)
-        if frames:
-            writer.write(frames[0])
+        if not cursor.take(event):
+            if cursor.overtaken(event):
+                self._metrics.event_overtaken()
+            return True
+        now_ms = live.now_ms
+        if now_ms is None:
+            now_ms = live.now_ms = self._clock.now_ms()
+            live.report = self._report_live
+        # Heard of now: an event routed late (written long ago) is still a sign of life.
+        cursor.heard_ms = now_ms
+        writer.write(live.frame)
+        live.written += 1
         return True
+
+    def _report_live(self, live: LiveEvent) -> None:
+        """The viewers a live event was written through to, counted in one go: one latency
+        for all of them (they were written in the same turn)."""
+        self._metrics.events_sent(live.written, replayed=False)
+        written_ms = live.event.written_ms
+        if written_ms is not None and live.now_ms is not None:
+            self._metrics.delivered(max(0.0, float(live.now_ms - written_ms)))
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
         if not cursor.take(event):
