@@ -96,6 +96,11 @@ class ChannelViewers:
         confirmed = self._confirmed.get(channel)
         if confirmed is None:
             return
+        if confirmed.done():
+            # A channel already subscribed (every viewer of a watched job but its first):
+            # no timer and no turn of the loop to wait; a refusal is raised as it was set.
+            confirmed.result()
+            return
         try:
             await asyncio.wait_for(asyncio.shield(confirmed), timeout=timeout_s)
         except TimeoutError as error:
