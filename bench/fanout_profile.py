@@ -7,7 +7,8 @@ One job, `--viewers` streams of `StreamJobEvents` each with a `TransportFrameWri
 transport that keeps nothing (the `write()` system call is not measured), all fed by the
 Pub/Sub adapter's `ChannelViewers` as its reader task does: each event is one message handed
 to `deliver`, then the loop's turn ends and the batch of writes is flushed. It prints the
-Python's µs per delivered frame (the median of `--rounds`), and with `--profile` where they go
+process CPU per delivered frame (µs, the median of `--rounds`; CPU time, not wall time, so
+that other work on a busy machine counts less), and with `--profile` where it goes
 (cProfile's own time per function, which adds its own overhead to every call: read the shares,
 not the sum). Compare two commits by running it with each one's `src/` first on PYTHONPATH.
 """
@@ -141,12 +142,12 @@ async def measure(viewers: int, events: int, rounds: int, profile: bool) -> list
         before = sum(t.written for t in transports)
         if profiler is not None:
             profiler.enable()
-        started = time.perf_counter()
+        started = time.process_time()
         for message in messages:
             feed.viewers.deliver(CHANNEL, message)
             # The end of the reader's turn: the batch of writes goes out.
             await asyncio.sleep(0)
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         if profiler is not None:
             profiler.disable()
         frames = sum(t.written for t in transports) - before
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = uvloop.run(measure(args.viewers, args.events, args.rounds, args.profile))
     print(
         f"{args.viewers:,} viewers x {args.events} events x {args.rounds} rounds: "
-        f"Python per delivered frame {statistics.median(figures):.2f} us "
+        f"Python CPU per delivered frame {statistics.median(figures):.2f} us "
         f"(rounds {', '.join(f'{f:.2f}' for f in figures)})"
     )
     return 0
