@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         FeedGap,
         GroupView,
         JobView,
+        LiveEvent,
         ReadBatch,
         ReadStart,
         Replayed,
@@ -436,10 +437,12 @@ class FeedSubscription(Protocol):
         (`next` then tells what there is). A subscription may always answer None."""
         return None
 
-    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+    def write_through(self, handler: Callable[[LiveEvent], bool] | None) -> None:
         """While the viewer waits in `next` with nothing queued, offer each arriving event to
         `handler` first (synchronously, as it arrives); one it returns True for is handled
-        and not queued. None stops it. A subscription may ignore this and always queue."""
+        and not queued. One `LiveEvent` goes to the handlers of every viewer of the job the
+        feed delivers it to, and is settled once they all had it. None stops it. A
+        subscription may ignore this and always queue."""
         return None
 
     async def close(self) -> None:
