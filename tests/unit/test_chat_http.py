@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,15 +19,14 @@ from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
 from tests.contracts.factories import wait_until
+from tests.environment import clear_settings
 
 JOB = "job-late"
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +23,7 @@ from eco_router.domain.control import ControlLimits
 from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.resolve import resolve
 from tests.contracts.factories import wait_until
+from tests.environment import clear_settings
 from tests.unit.test_control_http import SECRET, history_stages, start, started
 
 JOB = "job-9"
@@ -34,9 +34,7 @@ ROUTES = [f"/api/v1/chat/{JOB}/cancel", f"/api/v1/chat/{JOB}/input", f"/chat/{JO
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture
