@@ -16,8 +16,9 @@ TOOLS := .tools
 # CI runs as root without sudo installed; developers usually need it.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv venv-test lock redis-server chromium nodejs prometheus test check lint run worker bench \
-	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean
+.PHONY: venv venv-test lock redis-server chromium prometheus test check lint run worker bench \
+	bench-sse bench-many-jobs bench-chat bench-control bench-control-flood soak reliability-report image bench-record bench-scaling fmt clean \
+	nodejs ts-deps ts-check ts-bundle ts-pack demo-fonts
 
 venv: $(RUN_STAMP)
 
@@ -70,25 +71,6 @@ chromium:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
-# Node.js and npm run the AI SDK's own client against a real `serve` (tests/ai_sdk), from
-# Debian's packages when missing.
-nodejs:
-	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
-		echo "node: $$(command -v node) $$(node --version)"; \
-	else \
-		$(SUDO) apt-get update && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
-	fi
-
-# The AI SDK (`ai`, exact versions from its lock) for tests/integration/test_ai_sdk_stream.py;
-# installed again only when the lock changes. Nothing is fetched at test time.
-AI_SDK_TESTS := tests/ai_sdk
-AI_SDK_STAMP := $(AI_SDK_TESTS)/node_modules/.installed
-
-$(AI_SDK_STAMP): $(AI_SDK_TESTS)/package.json $(AI_SDK_TESTS)/package-lock.json | nodejs
-	cd $(AI_SDK_TESTS) && npm ci --no-audit --no-fund
-	touch $(AI_SDK_STAMP)
-
 # The monitoring tests check the alerts with promtool and query a real prometheus. Both come
 # out of Debian's package, downloaded and extracted into .tools/prometheus, never installed:
 # installing it would pull 34 packages and enable services (prometheus, node-exporter, smartd).
@@ -109,10 +91,74 @@ $(PROMETHEUS_TOOLS)/promtool:
 	mv $(PROMETHEUS_TOOLS).part/root/usr/bin/promtool $(PROMETHEUS_TOOLS)/promtool
 	rm -rf $(PROMETHEUS_TOOLS).part
 
+# The TypeScript client (clients/typescript) needs Node.js and npm, from Debian's packages when
+# missing; its packages come from its lock alone (`npm ci`, re-run when the lock changes), so
+# nothing is downloaded later, when its tests run. `make run` needs none of it: the pages load
+# the committed bundle.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+nodejs:
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		echo "node: $$(command -v node) $$(node --version), npm $$(npm --version)"; \
+	else \
+		$(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
+	fi
+
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS)/package.json $(TS)/package-lock.json | nodejs
+	cd $(TS) && npm ci --no-audit --no-fund
+	touch $(TS_STAMP)
+
+# Typecheck (tsc strict), lint and format (Biome), the package's build, and the committed
+# browser bundle checked against what the sources make.
+ts-check: ts-deps
+	cd $(TS) && npm run --silent typecheck && npm run --silent lint && npm run --silent build
+	cd $(TS) && npm run --silent bundle -- --check
+
+# Writes the browser bundle the pages load (src/eco_router/entrypoints/http/static/); commit it.
+ts-bundle: ts-deps
+	cd $(TS) && npm run --silent bundle
+
+# The npm package (clients/typescript/eco-router-client-<version>.tgz); npm builds it first (prepack).
+ts-pack: ts-deps
+	cd $(TS) && npm pack
+
+# The AI SDK (`ai`, exact versions from its lock) for the tests that read eco-router's streams
+# with it (tests/ai_sdk: tests/integration/test_ai_sdk_stream.py, tests/browser/
+# test_ai_sdk_page.py); a package of its own, apart from the client's, installed again only
+# when its lock changes. Nothing is fetched at test time.
+AI_SDK_TESTS := tests/ai_sdk
+AI_SDK_STAMP := $(AI_SDK_TESTS)/node_modules/.installed
+
+$(AI_SDK_STAMP): $(AI_SDK_TESTS)/package.json $(AI_SDK_TESTS)/package-lock.json | nodejs
+	cd $(AI_SDK_TESTS) && npm ci --no-audit --no-fund
+	touch $(AI_SDK_STAMP)
+
+# The demo page's Hangul and emoji fonts (tools/demo_fonts.py), made again after the demo's
+# answers change; commit them. Debian's font packages and fontTools are downloaded and
+# extracted into .tools/demo-fonts, never installed.
+DEMO_FONTS_TOOLS := $(TOOLS)/demo-fonts
+STATIC := src/eco_router/entrypoints/http/static
+
+demo-fonts: venv
+	rm -rf $(DEMO_FONTS_TOOLS) && mkdir -p $(DEMO_FONTS_TOOLS)
+	cd $(DEMO_FONTS_TOOLS) && { apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools || \
+		{ $(SUDO) apt-get update && apt-get download fonts-nanum fonts-noto-color-emoji python3-fonttools; }; }
+	for deb in $(DEMO_FONTS_TOOLS)/*.deb; do dpkg-deb -x $$deb $(DEMO_FONTS_TOOLS)/root; done
+	PYTHONPATH=$(DEMO_FONTS_TOOLS)/root/usr/lib/python3/dist-packages $(BIN)/python tools/demo_fonts.py \
+		--hangul $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/nanum/NanumGothic.ttf \
+		--emoji $(DEMO_FONTS_TOOLS)/root/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf \
+		--licenses $(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-nanum/copyright \
+		$(DEMO_FONTS_TOOLS)/root/usr/share/doc/fonts-noto-color-emoji/copyright \
+		--out $(STATIC)
+
 # Tests marked `parallel` (tests/unit, the contract suites on the in-memory adapters included,
 # and the deployment kit's static checks) on every core, then the rest one at a time: they
 # start servers and routers, and tests/faults measures timing under load.
-test: venv-test redis-server chromium prometheus podman $(AI_SDK_STAMP) lint
+test: venv-test redis-server chromium prometheus podman $(AI_SDK_STAMP) lint ts-check
 	$(BIN)/pytest -q -n auto --durations=15 -m parallel tests/unit tests/deploy
 	$(BIN)/pytest -q --durations=15 -m "not parallel"
 

@@ -81,7 +81,15 @@ class Gateway(RouterProcess):
     clean_exits = (0, -signal.SIGTERM, -signal.SIGKILL)
     stop_timeout_s = 15.0
 
-    def __init__(self, column: Column, streams_url: str, pubsub_url: str, *, fds: int) -> None:
+    def __init__(
+        self,
+        column: Column,
+        streams_url: str,
+        pubsub_url: str,
+        *,
+        fds: int,
+        profile_to: Path | None = None,
+    ) -> None:
         self.port = free_port()
         env = eco_router_env(
             streams_url,
@@ -95,16 +103,20 @@ class Gateway(RouterProcess):
             # stream cap).
             EVENT_ROUTER_HTTP_MAX_CONNECTIONS_PER_CLIENT="0",
         )
+        serve = ["serve", "--no-router", "--host", "127.0.0.1", "--port", str(self.port)]
         if column.reference:
             command = [sys.executable, "-m", "bench.reference_gateway", "--port", str(self.port)]
             command += ["--pubsub-url", pubsub_url]
         else:
-            command = eco_router_command(
-                "serve", "--no-router", "--host", "127.0.0.1", "--port", str(self.port)
-            )
+            command = eco_router_command(*serve)
         if column.source is not None:
             env["PYTHONPATH"] = column.source.pythonpath()
             command = [column.source.python, "-m", "eco_router.entrypoints.cli", *command[1:]]
+        if profile_to is not None and not column.reference:
+            # cProfile writes its figures when the process exits (after SIGTERM's clean stop).
+            python = column.source.python if column.source is not None else sys.executable
+            command = [python, "-m", "cProfile", "-o", str(profile_to)]
+            command += ["-m", "eco_router.entrypoints.cli", *serve]
 
         def limit_fds() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (gateway_fds(fds), gateway_fds(fds)))

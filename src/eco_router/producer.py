@@ -5,9 +5,12 @@
     publisher = connect("redis://localhost:6379/0", producer_config(domain="scan", shards=4))
     entry_id = publisher.publish_stage_event("job-42", "vision", "completed", progress=25)
 
-`connect_async` gives the same for asyncio code. Calls are validated before Redis is touched
-(`InvalidProgressEvent`), the seq is deterministic, and a repeated call within the
-idempotency window returns the first entry's id instead of adding another.
+`connect_async` gives the same for asyncio code; without a URL both write to the Redis the
+`eco-router` commands would find (`streams_url`: the environment's, else `make run`'s). Both
+are thin shells around one core (`adapters/producer_core.py`): the rules below hold for
+either. Calls are validated before Redis is touched (`InvalidProgressEvent`), the seq is
+deterministic, and a repeated call within the idempotency window returns the first entry's
+id instead of adding another.
 
 A chat answer goes out as tokens while the model writes it: `str` deltas or OpenAI-style
 chunks, merged within `coalesce_ms`, each entry written once per (job, attempt, seq):
@@ -67,9 +70,21 @@ from eco_router.domain.event_size import (
     DEFAULT_MAX_RESULT_BYTES,
     EventSizeLimits,
 )
-from eco_router.domain.progress import DEFAULT_STAGES, InvalidProgressEvent, StagePlan, Status
+from eco_router.domain.progress import (
+    DEFAULT_STAGES,
+    InvalidProgressEvent,
+    StageEvent,
+    StagePlan,
+    Status,
+)
 from eco_router.domain.streams import StreamFamily, shard_for
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
+from eco_router.entrypoints.discovery import (
+    InMemoryServeOnly,
+    choose_server,
+    discovery_dir,
+    live_records,
+)
 
 # Read at each call of `publish_stage_event`, never at import.
 from eco_router.producer_variables import (
@@ -85,9 +100,11 @@ __all__ = [
     "ControlKind",
     "ControlMessage",
     "ControlState",
+    "InMemoryServeOnly",
     "InvalidProgressEvent",
     "ProducerConfig",
     "ReplicasBehind",
+    "StageEvent",
     "StagePlan",
     "Status",
     "StreamPublisher",
@@ -98,6 +115,7 @@ __all__ = [
     "publish_stage_event",
     "publish_stage_event_async",
     "shard_for",
+    "streams_url",
 ]
 
 DEFAULT_DOMAIN = "scan"
@@ -141,23 +159,34 @@ def producer_config(
     )
 
 
-def connect(
-    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
-) -> StreamPublisher:
+def connect(url: str | None = None, config: ProducerConfig | None = None) -> StreamPublisher:
     """A synchronous publisher on `url` (default config: domain `scan`, 4 shards).
 
     `url` names one server (`redis://`), a Sentinel group (`redis+sentinel://`) or a Redis
     Cluster (`redis+cluster://`), as the routers' `REDIS_STREAMS_URL` does; on a cluster the
-    shards are hash-tagged, as the routers read them there.
+    shards are hash-tagged, as the routers read them there. Behind Sentinel, the publisher
+    leaves the old master as soon as the sentinels announce a failover. Without `url`, the
+    server is found as the `eco-router` commands find it (`streams_url`).
     """
+    url = streams_url() if url is None else url
     return StreamPublisher(sync_redis_client(url), laid_out(config or producer_config(), url))
 
 
 def connect_async(
-    url: str = "redis://localhost:6379/0", config: ProducerConfig | None = None
+    url: str | None = None, config: ProducerConfig | None = None
 ) -> AsyncStreamPublisher:
     """An asyncio publisher on `url`, as `connect` gives a synchronous one."""
+    url = streams_url() if url is None else url
     return AsyncStreamPublisher(async_redis_client(url), laid_out(config or producer_config(), url))
+
+
+def streams_url() -> str:
+    """The streams server a publisher without a URL writes to, as the `eco-router` commands
+    choose it: `REDIS_STREAMS_URL` (or `EVENT_ROUTER_REDIS_STREAMS_URL`) when set; else the
+    Redis of the newest running `serve --embedded-redis` (`make run`); else
+    `redis://localhost:6379/0`. Raises `InMemoryServeOnly` when the only `serve` running
+    keeps its streams in memory, where no other process can write."""
+    return choose_server(os.environ, live_records(discovery_dir())).streams_url
 
 
 def laid_out(config: ProducerConfig, url: str) -> ProducerConfig:
@@ -203,10 +232,8 @@ def publish_stage_event(
     chosen = _chosen_config(
         config, domain, shards, cluster=isinstance(redis_client, redis.cluster.RedisCluster)
     )
-    publisher = _sync_publishers.get(redis_client, chosen)
-    return publisher.publish_stage_event(
-        job_id, stage, status, result=result, progress=progress, seq=seq
-    )
+    event = StageEvent(job_id, stage, status, result, progress, seq)
+    return _sync_publishers.get(redis_client, chosen).publish(event)
 
 
 async def publish_stage_event_async(
@@ -229,10 +256,8 @@ async def publish_stage_event_async(
         shards,
         cluster=isinstance(redis_client, redis.asyncio.cluster.RedisCluster),
     )
-    publisher = _async_publishers.get(redis_client, chosen)
-    return await publisher.publish_stage_event(
-        job_id, stage, status, result=result, progress=progress, seq=seq
-    )
+    event = StageEvent(job_id, stage, status, result, progress, seq)
+    return await _async_publishers.get(redis_client, chosen).publish(event)
 
 
 def _chosen_config(

@@ -408,6 +408,17 @@ class TestFirstVisit:
             context.close()
 
 
+class TestLinks:
+    def test_the_console_links_to_the_demo_and_the_dashboard(self, page: Page) -> None:
+        pages = page.get_by_role("navigation", name="eco-router pages")
+        expect(pages.get_by_role("link", name="Dashboard")).to_have_attribute("href", "/dashboard")
+        expect(pages.get_by_role("link", name="Console")).to_have_attribute("aria-current", "page")
+
+        pages.get_by_role("link", name="Demo").click()
+
+        expect(page.get_by_role("heading", level=1)).to_have_text("eco-router")
+
+
 class TestOnAPhone:
     def test_the_console_fits_the_width_with_every_view_filled(
         self, browser: Browser, console_server: ConsoleServer

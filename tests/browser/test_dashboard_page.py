@@ -1,6 +1,6 @@
 """The dashboard page in a real browser: twenty demo jobs progress to their end over one
-EventSource (`GET /api/v1/streams`), and a dropped connection resumes every job without a
-duplicate.
+stream (`GET /api/v1/streams`, read by the TypeScript client), and a dropped connection resumes
+every job without a duplicate.
 
 `eco-router serve --in-memory --demo` runs as a subprocess at the tests' pace; Debian's
 chromium is driven headless through Playwright.
@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.test_demo_page import (
     JOB_TIMEOUT_MS,
-    RECORD_EVENT_SOURCES,
+    RECORD_STREAMS,
     TEST_EVENTS_PER_S,
     _demo_server,
     browser,
@@ -42,7 +42,7 @@ def dashboard_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def dashboard(browser: Browser, dashboard_server: str) -> Iterator[Page]:
     context = browser.new_context(base_url=dashboard_server)
     context.set_default_timeout(JOB_TIMEOUT_MS)
-    context.add_init_script(RECORD_EVENT_SOURCES)
+    context.add_init_script(RECORD_STREAMS)
     opened = context.new_page()
     opened.goto("/dashboard")
     try:
@@ -67,7 +67,7 @@ def all_ended(page: Page) -> None:
 
 
 def events_per_job(page: Page) -> Counter[tuple[str, int]]:
-    """(job, seq) of every event frame the page's EventSources received."""
+    """(job, seq) of every event frame the page's stream received."""
     seen: Counter[tuple[str, int]] = Counter()
     for frame in received_frames(page):
         body = json.loads(frame["data"])
@@ -78,7 +78,7 @@ def events_per_job(page: Page) -> Counter[tuple[str, int]]:
 
 
 class TestDashboard:
-    def test_twenty_jobs_progress_to_their_end_over_one_event_source(self, dashboard: Page) -> None:
+    def test_twenty_jobs_progress_to_their_end_over_one_stream(self, dashboard: Page) -> None:
         dashboard.get_by_role("button", name="Start 20 demo jobs").click()
         # Checked every frame while they run: several jobs move at once on the one stream.
         dashboard.wait_for_function(
@@ -95,8 +95,8 @@ class TestDashboard:
         assert {row["state"] for row in shown} <= {"done", "failed"}
         assert all(row["width"] == "100%" for row in shown if row["state"] == "done")
         [stream] = connections(dashboard)
-        assert stream.startswith("/api/v1/streams?") or "/api/v1/streams?" in stream
-        assert stream.count("job=") == JOBS
+        assert "/api/v1/streams?" in stream["url"]
+        assert stream["url"].count("job=") == JOBS
         seen = events_per_job(dashboard)
         assert len({job for job, _ in seen}) == JOBS
         assert max(seen.values()) == 1, "an event arrived twice"
@@ -113,8 +113,9 @@ class TestDashboard:
         dashboard.get_by_role("button", name="Drop the connection").click()
         all_ended(dashboard)
 
-        assert len(connections(dashboard)) == 2
-        assert "last_event_id=" in connections(dashboard)[1]
+        opened = connections(dashboard)
+        assert len(opened) == 2
+        assert opened[1]["last_event_id"] is not None
         seen = events_per_job(dashboard)
         assert max(seen.values()) == 1, "an event arrived twice"
         assert all(row["state"] in {"done", "failed"} for row in rows(dashboard))

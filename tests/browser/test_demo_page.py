@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
-from eco_router.application.demo_jobs import CHAT_ANSWERS
+from eco_router.application.demo_jobs import CHAT_ANSWERS, CHAT_OPTIONS
 from eco_router.testing import RedisServer
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -47,26 +47,52 @@ COMPLETE_JOB = [0, 10, 11, 20, 21, 30, 31, 40, 41, 51]
 # `Start a job that fails` fails the third stage (answer) once it has started.
 FAILED_JOB = [0, 10, 11, 20, 21, 30, 32]
 
-# Runs before the page's own script: records every event frame each EventSource receives
-# (before the page drops repeated seqs) and every URL one is opened on.
-RECORD_EVENT_SOURCES = """
+# Runs before the page's own script: records every stream the page's client opens (its URL and
+# the Last-Event-ID it sent) and every frame each one received, before the client dropped any
+# repeat. The client reads streams with fetch; the recorder reads a copy of each body.
+RECORD_STREAMS = """
 window.__connections = [];
 window.__frames = [];
-const NativeEventSource = window.EventSource;
-window.EventSource = class extends NativeEventSource {
-  constructor(url, options) {
-    super(url, options);
-    window.__connections.push(String(url));
-  }
-  addEventListener(type, listener, options) {
-    const recording = (message) => {
-      if (message.data !== undefined && message.data !== null) {
-        window.__frames.push({ type: message.type, id: message.lastEventId, data: message.data });
+const nativeFetch = window.fetch.bind(window);
+function record(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  const pump = ({ done, value }) => {
+    if (done) return;
+    buffer += value.replace(/\\r\\n?/g, "\\n");
+    let end;
+    while ((end = buffer.indexOf("\\n\\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const frame = { type: "message", id: "", data: null };
+      const data = [];
+      for (const line of block.split("\\n")) {
+        const colon = line.indexOf(":");
+        if (colon === 0) continue;
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "event") frame.type = text;
+        if (field === "id") frame.id = text;
+        if (field === "data") data.push(text);
       }
-      return listener.call(this, message);
-    };
-    super.addEventListener(type, recording, options);
-  }
+      if (data.length) window.__frames.push({ ...frame, data: data.join("\\n") });
+    }
+    return reader.read().then(pump, () => undefined);
+  };
+  reader.read().then(pump, () => undefined);
+}
+window.fetch = async (input, init = {}) => {
+  const url = String(input instanceof Request ? input.url : input);
+  const response = await nativeFetch(input, init);
+  if (!/\\/events|\\/api\\/v1\\/streams/.test(url)) return response;
+  const lastEventId = new Headers(init.headers).get("Last-Event-ID");
+  window.__connections.push({ url, last_event_id: lastEventId });
+  if (!response.ok || response.body === null) return response;
+  const [mine, theirs] = response.body.tee();
+  record(mine);
+  return new Response(theirs, {
+    status: response.status, statusText: response.statusText, headers: response.headers,
+  });
 };
 """
 
@@ -221,7 +247,7 @@ def default_pace_page(browser: Browser, default_pace_server: str) -> Iterator[Pa
 def _open_page(browser: Browser, base_url: str) -> Iterator[Page]:
     context = browser.new_context(base_url=base_url)
     context.set_default_timeout(JOB_TIMEOUT_MS)
-    context.add_init_script(RECORD_EVENT_SOURCES)
+    context.add_init_script(RECORD_STREAMS)
     opened = context.new_page()
     opened.goto("/")
     try:
@@ -242,14 +268,15 @@ def shown_seqs(page: Page) -> list[int]:
 
 
 def received_frames(page: Page) -> list[dict[str, Any]]:
-    """Every event frame the page's EventSources received, before the page filtered any."""
+    """Every event frame the page's streams received, before the client filtered any."""
     frames: list[dict[str, Any]] = page.evaluate("window.__frames")
     return frames
 
 
-def connections(page: Page) -> list[str]:
-    urls: list[str] = page.evaluate("window.__connections")
-    return urls
+def connections(page: Page) -> list[dict[str, Any]]:
+    """Each stream the page opened: its `url` and the `last_event_id` it resumed after."""
+    opened: list[dict[str, Any]] = page.evaluate("window.__connections")
+    return opened
 
 
 def drop_after_second_event(page: Page) -> None:
@@ -311,10 +338,10 @@ class TestDroppingTheConnection:
         drop_after_second_event(page)
 
         until_finished(page, "done")
-        urls = connections(page)
-        assert len(urls) == 2, urls
-        assert "last_event_id=" in urls[1]
-        resumed_after = int(urls[1].rpartition("last_event_id=")[2])
+        opened = connections(page)
+        assert len(opened) == 2, opened
+        assert opened[0]["last_event_id"] is None
+        resumed_after = int(opened[1]["last_event_id"])
         assert resumed_after in COMPLETE_JOB[1:]
         # The page drops repeated seqs itself; the frames it received must not need that.
         seqs = [int(frame["id"]) for frame in received_frames(page) if frame["type"] != "snapshot"]
@@ -451,6 +478,22 @@ class TestPace:
         assert stamps[-1] - stamps[0] >= 5.0, stamps
 
 
+class TestLinks:
+    def test_the_demo_and_the_dashboard_link_to_each_other_and_to_the_console(
+        self, page: Page
+    ) -> None:
+        pages = page.get_by_role("navigation", name="eco-router pages")
+        expect(pages.get_by_role("link", name="Console")).to_have_attribute("href", "/console")
+        expect(pages.get_by_role("link", name="Demo")).to_have_attribute("aria-current", "page")
+
+        pages.get_by_role("link", name="Dashboard").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Many jobs, one connection")
+        expect(pages.get_by_role("link", name="Console")).to_have_attribute("href", "/console")
+
+        pages.get_by_role("link", name="Demo").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("eco-router")
+
+
 class TestFavicon:
     def test_the_page_names_an_icon_that_loads(self, page: Page) -> None:
         href = page.locator("link[rel=icon]").get_attribute("href")
@@ -519,14 +562,21 @@ class TestAChatJob:
         expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
         assert answer_on_page(page).startswith(before)
         assert_the_page_holds_the_jobs_text(page)
-        urls = connections(page)
-        assert len(urls) == 2, urls
-        assert "last_event_id=" in urls[1]
+        opened = connections(page)
+        assert len(opened) == 2, opened
+        assert opened[1]["last_event_id"] is not None
         frames = received_frames(page)
         # The tokens sent while it was away come back as one text, not one by one.
         assert [f["type"] for f in frames].count("token_recovery") == 1
         ids = [int(f["id"]) for f in frames if f["type"] != "snapshot"]
         assert ids == sorted(set(ids)), "an event was sent twice"
+        # The counter counts every token of the text, those the recovery brought included
+        # (the demo numbers its tokens from 1001).
+        token_seqs = [json.loads(f["data"])["seq"] for f in frames if f["type"] == "token"]
+        [recovery] = [json.loads(f["data"]) for f in frames if f["type"] == "token_recovery"]
+        in_text = max([*token_seqs, recovery["last_seq"]]) - 1000
+        assert len(token_seqs) < in_text, "the recovery brought no token"
+        assert page.locator("#tokens").text_content() == f" · {in_text} tokens"
 
 
 class TestTalkingBackToAChatJob:
@@ -561,3 +611,40 @@ class TestTalkingBackToAChatJob:
         [received] = [json.loads(f["data"]) for f in received_frames(page)
                       if f["type"] == "input_received"]  # fmt: skip
         assert received["result"] == {"input": "the weather"}
+
+
+def _is_hangul(char: str) -> bool:
+    return "\uac00" <= char <= "\ud7a3"
+
+
+def _is_emoji(char: str) -> bool:
+    return (0x2300 <= ord(char) <= 0x27BF or 0x1F000 <= ord(char) <= 0x1FAFF) and char != "\ufe0f"
+
+
+class TestTheChatDemosGlyphs:
+    @pytest.mark.parametrize("option", CHAT_OPTIONS)
+    def test_its_hangul_and_emoji_are_drawn_by_the_pages_fonts_not_left_missing(
+        self, page: Page, option: str
+    ) -> None:
+        # Default fonts alone (DejaVu, Liberation) have neither: without the page's fonts,
+        # chromium draws boxes. It reports which font drew how many glyphs of the answer.
+        page.get_by_role("button", name="Start a chat that asks first").click()
+        page.get_by_role("button", name=option).click()
+        expect(page.locator("#state")).to_have_text("done", timeout=CHAT_TIMEOUT_MS)
+        text = answer_on_page(page)
+        assert text == CHAT_ANSWERS[CHAT_OPTIONS.index(option)]
+
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("DOM.enable")
+        cdp.send("CSS.enable")
+        root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+        answer = cdp.send("DOM.querySelector", {"nodeId": root, "selector": "#answer"})["nodeId"]
+        drawn = {
+            font["familyName"]: font["glyphCount"]
+            for font in cdp.send("CSS.getPlatformFontsForNode", {"nodeId": answer})["fonts"]
+        }
+
+        assert drawn.pop("eco-router demo Hangul") == sum(map(_is_hangul, text)) > 0
+        assert drawn.pop("eco-router demo Emoji") == sum(map(_is_emoji, text)) > 0
+        others = {c for c in text if not _is_hangul(c) and not _is_emoji(c) and c != "\ufe0f"}
+        assert all(ord(c) < 0x2100 for c in others), others  # Latin and punctuation

@@ -18,7 +18,7 @@ from eco_router.application.errors import (
     RequestIdConflict,
     UnknownJob,
 )
-from eco_router.application.ports import ControlStore
+from eco_router.application.ports import ControlStore, StateStore
 from eco_router.application.send_control import SendControl
 from eco_router.domain.control import (
     Admission,
@@ -32,7 +32,7 @@ from eco_router.domain.control import (
     control_request,
     lifecycle_fields,
 )
-from tests.contracts.factories import ContractFamilies
+from tests.contracts.factories import ContractFamilies, encoded
 
 JOB = "job-1"
 
@@ -65,9 +65,12 @@ class ControlStoreContract(ContractFamilies):
     async def make_store(self) -> ControlStore:
         raise NotImplementedError
 
+    # The backend's state store, where a router applies the job's events (fenced at epoch 1).
+    states: StateStore
+
     async def start_job(self, job_id: str) -> None:
         """Apply the job's first event to the backend's state, as a router does."""
-        raise NotImplementedError
+        await self._apply(job_id, seq=10, stage="queued", status="queued")
 
     async def started(self, *job_ids: str) -> ControlStore:
         """A store, with `JOB` (and `job_ids`) started."""
@@ -86,7 +89,13 @@ class ControlStoreContract(ContractFamilies):
 
     async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
         """Apply the job's terminal event to the backend's state, as a router does."""
-        raise NotImplementedError
+        await self._apply(job_id, seq=181, stage=stage, status=status)
+
+    async def _apply(self, job_id: str, *, seq: int, stage: str, status: str) -> None:
+        event = encoded(
+            domain="chat", stream=self.chat_0, job_id=job_id, seq=seq, stage=stage, status=status
+        )
+        await self.states.apply([event], {self.chat_0: 1})
 
     async def shard_entries(self, stream: str) -> list[dict[str, str]]:
         """The fields of every entry of `stream`, in order."""

@@ -44,6 +44,7 @@ from eco_router.application.stopping import cancel_and_wait
 from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_SIZE_LIMITS
 from eco_router.domain.parsing import parse_entry
+from eco_router.domain.progress import StageEvent
 from eco_router.domain.rejection import RejectReason
 from eco_router.domain.streams import StreamFamily, hash_tag
 from eco_router.producer import laid_out, producer_config
@@ -524,14 +525,8 @@ class Load:
     def _stage(self, job: str, seq: int) -> functools.partial[Any]:
         last = self.sizes.events
         stage, status = ("done", "done") if seq == last else (f"stage-{seq}", "completed")
-        return functools.partial(
-            self._config.call,
-            job,
-            stage,
-            status,
-            seq=seq,
-            progress=min(100, seq * 100 // last),
-        )
+        event = StageEvent(job, stage, status, seq=seq, progress=min(100, seq * 100 // last))
+        return functools.partial(self._config.stage_event, event)
 
     async def _job(self, job: str, rng: random.Random) -> None:
         first = self.sizes.backlog + 1

@@ -444,8 +444,8 @@ class TestDeadLetters:
         every = await eco_router(env, "dlq", "list", "--count", "2")
 
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines()[-1] == "… 1 more; --count 2 shows every one"
-        assert not every.stdout.splitlines()[-1].startswith("…")
+        assert "… 1 more in scan:events:dlq; --count 2 shows every one" in done.stdout.splitlines()
+        assert not any(line.startswith("…") for line in every.stdout.splitlines())
 
     async def test_a_reader_that_stops_early_ends_the_listing_quietly(
         self, env: dict[str, str], dead_lettered: DeadLettered
@@ -477,8 +477,28 @@ class TestDeadLetters:
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines() == [
             server_line(env["REDIS_STREAMS_URL"]),
-            "scan:events:dlq is empty",
+            *(f"{family.dead_letter_stream} is empty" for family in FAMILIES),
         ]
+
+    async def test_dlq_list_covers_every_domain_unless_one_is_named(
+        self, env: dict[str, str], dead_lettered: DeadLettered, workers: Workers,
+        streams_redis: Redis,
+    ) -> None:  # fmt: skip
+        chat = next(f for f in FAMILIES if f.domain == "chat")
+        worker = await workers.start()
+        await streams_redis.xadd(chat.stream_for("job-chat"), {"job_id": "job-chat"})
+        await eventually(
+            lambda: _xlen_is(streams_redis, chat.dead_letter_stream, 1), what="the chat letter"
+        )
+        worker.terminate()
+        assert await worker.wait_exit() == 0
+
+        every = await eco_router(env, "dlq", "list")
+        scan_only = await eco_router(env, "dlq", "list", "--domain", "scan")
+
+        assert "job_id=job-chat" in every.stdout
+        assert "job_id=job-noseq" in every.stdout
+        assert "job_id=job-chat" not in scan_only.stdout
 
     async def test_replay_of_one_id_puts_the_original_fields_back_and_removes_it(
         self, env: dict[str, str], dead_lettered: DeadLettered, streams_redis: Redis
@@ -739,9 +759,14 @@ class TestServeStartup:
             done = await eco_router(env, "serve", "--in-memory", "--port", str(port))
 
         assert done.returncode == 3, done.stderr
-        assert done.stderr.splitlines() == [
-            f"error: cannot listen on 127.0.0.1:{port}: address already in use"
-        ]
+        (line,) = done.stderr.splitlines()
+        suggested = re.fullmatch(
+            f"error: cannot listen on 127.0.0.1:{port}: address already in use; "
+            r"serve on a free one: --port (\d+) \(make run PORT=\1\)",
+            line,
+        )
+        assert suggested is not None, line
+        assert int(suggested[1]) != port
 
     async def test_the_startup_line_names_the_console_when_it_is_on(
         self, env: dict[str, str]

@@ -5,7 +5,6 @@ The app runs on the in-memory adapters: what is checked here is the HTTP layer a
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from asgi_lifespan import LifespanManager
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.http.app import create_app, create_ops_app
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 
 SECRET = "console-secret-" + "s" * 49
 COOKIE = "eco_router_token"
@@ -30,10 +30,7 @@ GUARDED = [*DATA, "/console/api/stream"]
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings come from the test alone, never from the shell that runs it."""
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 def token(secret: str = SECRET, **claims: Any) -> str:

@@ -48,7 +48,7 @@ from tests.contracts.dead_letter_sink import DeadLetterSinkContract, Fields
 from tests.contracts.event_feed import PREFIX as FEED_PREFIX
 from tests.contracts.event_feed import EventFeedContract
 from tests.contracts.event_source import EventSourceContract
-from tests.contracts.factories import GROUP, TAGGED_FAMILIES, encoded
+from tests.contracts.factories import GROUP, TAGGED_FAMILIES
 from tests.contracts.lease_store import TTL_MS, LeaseStoreContract
 from tests.contracts.state_store import StateStoreContract
 
@@ -298,23 +298,6 @@ class TestRedisControlStore(ControlStoreContract):
         return RedisControlStore(
             self.redis, families=self.families, state_ttl_s=3600, clock=SystemClock()
         )
-
-    async def start_job(self, job_id: str) -> None:
-        event = encoded(
-            domain="chat",
-            stream=self.chat_0,
-            job_id=job_id,
-            seq=10,
-            stage="queued",
-            status="queued",
-        )
-        await self.states.apply([event], {self.chat_0: 1})
-
-    async def end_job(self, job_id: str, *, stage: str = "done", status: str = "done") -> None:
-        event = encoded(
-            domain="chat", stream=self.chat_0, job_id=job_id, seq=181, stage=stage, status=status
-        )
-        await self.states.apply([event], {self.chat_0: 1})
 
     async def shard_entries(self, stream: str) -> list[dict[str, str]]:
         return [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +16,7 @@ from redis.asyncio import Redis
 
 from eco_router.adapters.redis.gateway.event_feed import RedisPubSubEventFeed
 from eco_router.testing import RedisServer
+from tests.environment import clear_settings
 from tests.integration.served_gateway import ServedGateway, gateway_settings, served_gateway
 from tests.integration.sse_client import open_sse, sse_client
 from tests.integration.support import CHANNEL_PREFIX, eventually
@@ -27,10 +27,7 @@ QUEUE_SIZE = 256  # the documented default of EVENT_ROUTER_SSE_QUEUE_SIZE
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings come from the test alone, never from the shell that runs it."""
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -18,6 +17,7 @@ from eco_router.entrypoints.container import build_container, use_in_memory
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.settings import Settings, load_settings
 from eco_router.testing import RedisServer
+from tests.environment import clear_settings
 from tests.integration.support import (
     FAMILIES_SPEC,
     SCAN,
@@ -30,10 +30,7 @@ from tests.integration.support import (
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings come from the test alone, never from the shell that runs it."""
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 def settings_for(streams_url: str, pubsub_url: str) -> Settings:

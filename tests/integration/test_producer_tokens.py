@@ -91,6 +91,17 @@ class TestTheWrittenEntries:
         ]
         assert all(re.fullmatch(r"[0-9]{10}\.[0-9]{3}", e["ts"]) for e in written)
 
+    async def test_a_batch_sent_after_the_servers_scripts_were_flushed_is_written_once(
+        self, publish_tokens: PublishTokens, streams_redis: Redis
+    ) -> None:
+        await publish_tokens("chat-job-warm", ["warm"], coalesce_ms=0)
+        await streams_redis.script_flush()
+
+        published = await publish_tokens(JOB, ANSWER, coalesce_ms=0)
+
+        assert [e["content"] for e in await entries(streams_redis)] == ANSWER
+        assert published.entries == len(ANSWER)
+
     async def test_a_retried_attempt_writes_its_number_and_no_node_is_left_out(
         self, publish_tokens: PublishTokens, streams_redis: Redis
     ) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eco_router.adapters.redis.connections.connection import RedisClient, async_redis_client
+from eco_router.domain.progress import StageEvent
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import AsyncStreamPublisher, connect_async, producer_config
 from eco_router.testing import ClusterGroup, SentinelGroup
@@ -92,8 +93,8 @@ class TestEndToEnd:
             await publish(publisher, job, 0, 10, 11)
             # The same event appended again (a producer that retried past its idempotency
             # window), a late one (seq 10 after 11) and an entry that is no event at all.
-            again = config.call(job, *STEPS[11])
-            late = config.call(job, *STEPS[10])
+            again = config.stage_event(StageEvent(job, *STEPS[11]))
+            late = config.stage_event(StageEvent(job, *STEPS[10]))
             await redis.xadd(again.stream, dict(again.fields))  # type: ignore[arg-type]
             await redis.xadd(late.stream, dict(late.fields))  # type: ignore[arg-type]
             await redis.xadd(family.stream_for(job), {"job_id": job, "seq": "not a number"})

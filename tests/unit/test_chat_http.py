@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
+from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.ports import StateStore
 from eco_router.domain.verdict import Verdict
 from eco_router.entrypoints.container import Container, build_container
@@ -19,15 +19,14 @@ from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
 from tests.contracts.factories import wait_until
+from tests.environment import clear_settings
 
 JOB = "job-late"
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture
@@ -102,6 +101,21 @@ class TestATokenWrittenAfterTheEnd:
         assert frames[1][2]["accumulated"] == "Hello world"
         assert frames[2][2]["text_check"]["bytes"] == len(b"Hello world")
         assert judged(container, "stale") == 1
+
+    async def test_a_browser_resuming_before_the_end_reads_the_job_from_the_store_once(
+        self, gateway: tuple[httpx.AsyncClient, Container]
+    ) -> None:
+        client, container = gateway
+        await hello_world_then_a_late_token(container)
+        store = await resolve(container.state_store())
+        assert isinstance(store, InMemoryStateStore)
+        views_before = store.views
+
+        response = await client.get(f"/api/v1/chat/{JOB}/events", headers={"Last-Event-ID": "1003"})
+
+        assert [(i, e) for i, e, _ in frames_of(response.text)] == [(1004, "done")]
+        # The read that gives the replay also tells whether the client has the end already.
+        assert store.views - views_before == 1
 
     async def test_a_browser_resuming_from_done_is_told_to_stop_with_204(
         self, gateway: tuple[httpx.AsyncClient, Container]

@@ -4,7 +4,6 @@ idempotency, the refusal once a job ended, and the announcement in the job's eve
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
 from tests.contracts.factories import wait_until
+from tests.environment import clear_settings
 
 SECRET = "a-test-secret-that-is-long-enough-for-hs256!"
 JOB = "job-7"
@@ -29,9 +29,7 @@ JOB = "job-7"
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 async def started(**overrides: Any) -> tuple[FastAPI, Container, LifespanManager]:

@@ -12,7 +12,7 @@ import orjson
 
 from eco_router.application.demo_jobs import DemoTally, RunDemoJobs
 from eco_router.application.ports import ProgressPublisher
-from eco_router.domain.progress import StagePlan, Status
+from eco_router.domain.progress import StageEvent, StagePlan, Status
 
 STAGES = ("vision", "rule", "answer", "reward")
 PLAN = StagePlan(STAGES)
@@ -39,19 +39,17 @@ class FakeProgressPublisher(ProgressPublisher):
     entries: dict[tuple[str, str, str], str] = field(default_factory=dict)
     appended: list[Published] = field(default_factory=list)
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        call = Published(job_id, stage, status, orjson.dumps(result).decode(), progress, seq)
+    async def publish(self, event: StageEvent) -> str:
+        call = Published(
+            event.job_id,
+            event.stage,
+            event.status,
+            orjson.dumps(event.result).decode(),
+            event.progress,
+            event.seq,
+        )
         self.calls.append(call)
-        key = (job_id, stage, status)
+        key = (event.job_id, event.stage, event.status)
         if key not in self.entries:
             self.entries[key] = f"1-{len(self.entries)}"
             self.appended.append(call)

@@ -4,7 +4,6 @@ endpoint, the favicon, and the worker's probes-only app; on the in-memory adapte
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 
 import httpx
@@ -15,14 +14,12 @@ from fastapi import FastAPI
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.http.app import DEMO_JOBS_PER_CLIENT_BURST, create_app, create_ops_app
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings come from the test alone, never from the shell that runs it."""
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 def client_of(app: FastAPI, address: str = "192.0.2.1") -> httpx.AsyncClient:

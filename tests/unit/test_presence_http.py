@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Awaitable
 
 import httpx
@@ -16,15 +15,13 @@ from eco_router.entrypoints.container import Container, build_container
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 from tests.unit.factories import eventually
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings come from the test alone, never from the shell that runs it."""
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture

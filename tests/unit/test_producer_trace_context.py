@@ -11,6 +11,7 @@ from opentelemetry.trace import format_span_id, format_trace_id
 
 from eco_router.domain.event import JobEvent
 from eco_router.domain.parsing import parse_entry
+from eco_router.domain.progress import StageEvent
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import ProducerConfig
 
@@ -29,14 +30,14 @@ def sampled(traceparent: str) -> bool:
 
 class TestTheProducerWritesTheCurrentTraceContext:
     def test_no_span_no_trace_fields(self) -> None:
-        fields = CONFIG.call("job-1", "vision", "started")
+        fields = CONFIG.stage_event(StageEvent("job-1", "vision", "started"))
 
         assert not {"traceparent", "tracestate", "trace_id", "span_id"} & set(fields.fields)
 
     def test_a_recording_span_is_written_as_its_traceparent(self) -> None:
         tracer = TracerProvider().get_tracer("worker")
         with tracer.start_as_current_span("vision") as span:
-            fields = CONFIG.call("job-1", "vision", "started", progress=0).fields
+            fields = CONFIG.stage_event(StageEvent("job-1", "vision", "started", progress=0)).fields
 
         assert fields["traceparent"] == expected_traceparent(span)
         assert sampled(fields["traceparent"])
@@ -45,7 +46,7 @@ class TestTheProducerWritesTheCurrentTraceContext:
     def test_an_unsampled_span_still_propagates_with_its_flag_off(self) -> None:
         tracer = TracerProvider(sampler=ALWAYS_OFF).get_tracer("worker")
         with tracer.start_as_current_span("vision") as span:
-            fields = CONFIG.call("job-1", "vision", "completed").fields
+            fields = CONFIG.stage_event(StageEvent("job-1", "vision", "completed")).fields
 
         assert fields["traceparent"] == expected_traceparent(span)
         assert not sampled(fields["traceparent"])
@@ -53,7 +54,9 @@ class TestTheProducerWritesTheCurrentTraceContext:
     def test_the_routed_event_carries_the_same_traceparent(self) -> None:
         tracer = TracerProvider().get_tracer("worker")
         with tracer.start_as_current_span("done") as span:
-            fields = CONFIG.call("job-1", "done", "completed", result={"answer": "정상입니다"})
+            fields = CONFIG.stage_event(
+                StageEvent("job-1", "done", "completed", result={"answer": "정상입니다"})
+            )
 
         routed = parse_entry(
             domain="scan",

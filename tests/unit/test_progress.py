@@ -8,7 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from eco_router.domain.progress import InvalidProgressEvent, StagePlan, Status, progress_event
+from eco_router.domain.progress import (
+    InvalidProgressEvent,
+    StageEvent,
+    StagePlan,
+    Status,
+    progress_event,
+)
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import ProducerConfig, producer_config
 
@@ -23,11 +29,11 @@ def md5_shard(job_id: str, shards: int) -> int:
 
 
 def call_fields(**overrides: Any) -> dict[str, str]:
-    """The entry fields `ProducerConfig.call` prepares for a valid event, with overrides."""
+    """The entry fields `ProducerConfig.stage_event` prepares for a valid event, with overrides."""
     values: dict[str, Any] = {"job_id": "job-1", "stage": "vision", "status": "started"}
     values.update(overrides)
     job_id, stage, status = values.pop("job_id"), values.pop("stage"), values.pop("status")
-    return CONFIG.call(job_id, stage, status, **values).fields
+    return CONFIG.stage_event(StageEvent(job_id, stage, status, **values)).fields
 
 
 class TestTheDefaultPlanFixesEverySeq:
@@ -125,7 +131,7 @@ class TestBadInputIsRefusedBeforeAnyWrite:
     )
     def test_a_job_id_outside_the_allowed_characters_is_refused(self, job_id: str) -> None:
         with pytest.raises(InvalidProgressEvent, match=r"job_id .* must be 1-128 characters"):
-            CONFIG.call(job_id, "vision", "started")
+            CONFIG.stage_event(StageEvent(job_id, "vision", "started"))
 
     def test_a_128_character_job_id_is_the_longest_accepted(self) -> None:
         job_id = "j" * 128
@@ -133,19 +139,19 @@ class TestBadInputIsRefusedBeforeAnyWrite:
 
     def test_an_unknown_status_is_refused_naming_the_known_ones(self) -> None:
         with pytest.raises(InvalidProgressEvent, match=r"unknown status 'running'.*'started'"):
-            CONFIG.call("job-1", "vision", "running")
+            CONFIG.stage_event(StageEvent("job-1", "vision", "running"))
 
     @pytest.mark.parametrize("stage", ["", "vision\nevent: done", "a:b", "x" * 65])
     def test_a_stage_outside_the_name_pattern_is_refused(self, stage: str) -> None:
         with pytest.raises(InvalidProgressEvent, match="must be 1-64 characters"):
-            CONFIG.call("job-1", stage, "started", seq=5)
+            CONFIG.stage_event(StageEvent("job-1", stage, "started", seq=5))
 
     @pytest.mark.parametrize("progress", [-1, 101, 5.5, True])
     def test_a_progress_that_is_not_an_integer_from_0_to_100_is_refused(
         self, progress: Any
     ) -> None:
         with pytest.raises(InvalidProgressEvent, match="must be an integer from 0 to 100"):
-            CONFIG.call("job-1", "vision", "started", progress=progress)
+            CONFIG.stage_event(StageEvent("job-1", "vision", "started", progress=progress))
 
     @pytest.mark.parametrize("progress", [0, 100])
     def test_progress_bounds_are_accepted(self, progress: int) -> None:
@@ -159,12 +165,12 @@ class TestBadInputIsRefusedBeforeAnyWrite:
     def test_a_result_holding_nan_or_infinity_is_refused(self, result: Any) -> None:
         # orjson would write these as null: refusing is the only way not to change the data.
         with pytest.raises(InvalidProgressEvent, match="no NaN or infinity"):
-            CONFIG.call("job-1", "done", "done", result=result)
+            CONFIG.stage_event(StageEvent("job-1", "done", "done", result=result))
 
     @pytest.mark.parametrize("result", [object(), {1, 2}], ids=["object", "set"])
     def test_a_result_orjson_cannot_encode_is_refused(self, result: Any) -> None:
         with pytest.raises(InvalidProgressEvent, match="result is not JSON-encodable"):
-            CONFIG.call("job-1", "done", "done", result=result)
+            CONFIG.stage_event(StageEvent("job-1", "done", "done", result=result))
 
 
 class TestTheEncodedEntry:
@@ -215,7 +221,7 @@ class TestTheShardAndTheIdempotencyKey:
     ) -> None:
         shard = expected[0] if shards == 4 else expected[1]
         config = ProducerConfig(family=StreamFamily("scan:events", shards))
-        entry = config.call(job_id, "answer", "failed")
+        entry = config.stage_event(StageEvent(job_id, "answer", "failed"))
         assert (entry.stream, entry.idempotency_key) == (
             f"scan:events:{shard}",
             f"{{scan:events:{shard}}}:once:{len(job_id)}:{job_id}:answer:failed",
@@ -223,25 +229,34 @@ class TestTheShardAndTheIdempotencyKey:
 
     def test_every_shard_is_used(self) -> None:
         streams = {
-            ProducerConfig(family=StreamFamily("scan:events", 8)).call(job, "x", "queued").stream
+            ProducerConfig(family=StreamFamily("scan:events", 8))
+            .stage_event(StageEvent(job, "x", "queued"))
+            .stream
             for job in SHARDS_OF
         }
         assert streams == {f"scan:events:{n}" for n in range(8)}
 
     def test_the_key_ignores_progress_and_result_so_a_retry_is_the_same_event(self) -> None:
-        first = CONFIG.call("job-1", "done", "done", progress=99, result={"a": 1})
-        retry = CONFIG.call("job-1", "done", "done", progress=100, result={"a": 2})
+        first = CONFIG.stage_event(
+            StageEvent("job-1", "done", "done", progress=99, result={"a": 1})
+        )
+        retry = CONFIG.stage_event(
+            StageEvent("job-1", "done", "done", progress=100, result={"a": 2})
+        )
         assert first.idempotency_key == retry.idempotency_key
 
     def test_each_status_of_a_stage_has_its_own_key(self) -> None:
         # `streaming` is a token's, `cancelled` the stage `done`'s only.
         statuses = [s for s in Status if s not in (Status.STREAMING, Status.CANCELLED)]
-        keys = {CONFIG.call("job-1", "vision", status).idempotency_key for status in statuses}
+        keys = {
+            CONFIG.stage_event(StageEvent("job-1", "vision", status)).idempotency_key
+            for status in statuses
+        }
         assert len(keys) == len(statuses)
 
     def test_a_cancelled_done_is_the_done_seq_and_its_own_key(self) -> None:
-        cancelled = CONFIG.call("job-1", "done", "cancelled")
-        done = CONFIG.call("job-1", "done", "done")
+        cancelled = CONFIG.stage_event(StageEvent("job-1", "done", "cancelled"))
+        done = CONFIG.stage_event(StageEvent("job-1", "done", "done"))
 
         assert cancelled.fields["seq"] == done.fields["seq"] == "51"
         assert cancelled.idempotency_key != done.idempotency_key
@@ -250,12 +265,12 @@ class TestTheShardAndTheIdempotencyKey:
         with pytest.raises(
             InvalidProgressEvent, match="status 'cancelled' is for the stage 'done'"
         ):
-            CONFIG.call("job-1", "vision", "cancelled")
+            CONFIG.stage_event(StageEvent("job-1", "vision", "cancelled"))
 
 
 class TestIdempotencyKeysAreUnambiguous:
     def test_colons_in_job_ids_cannot_make_two_events_share_a_key(self) -> None:
-        first = CONFIG.call("a:b", "c", "started", seq=1)
-        second = CONFIG.call("a", "b", "started", seq=1)
+        first = CONFIG.stage_event(StageEvent("a:b", "c", "started", seq=1))
+        second = CONFIG.stage_event(StageEvent("a", "b", "started", seq=1))
         assert first.idempotency_key.split(":once:")[1] != second.idempotency_key.split(":once:")[1]
         assert first.idempotency_key.endswith(":once:3:a:b:c:started")

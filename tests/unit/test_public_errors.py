@@ -5,7 +5,6 @@ On the in-memory adapters, with a Pub/Sub feed that fails the way redis-py does.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 
 import httpx
@@ -21,6 +20,7 @@ from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.http.public_errors import EpisodeLog
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 
 INTERNAL = "Error 111 connecting to 127.0.0.1:16392. Connection refused."
 
@@ -40,9 +40,7 @@ class RefusedFeed(EventFeed):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 @pytest.fixture

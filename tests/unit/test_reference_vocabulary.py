@@ -10,7 +10,7 @@ import pytest
 
 from eco_router.domain.event import JobEvent
 from eco_router.domain.parsing import parse_entry
-from eco_router.domain.progress import InvalidProgressEvent, StagePlan, progress_event
+from eco_router.domain.progress import InvalidProgressEvent, StageEvent, StagePlan, progress_event
 from eco_router.domain.sse import GatewayEvent
 from eco_router.domain.streams import StreamFamily
 from eco_router.producer import ProducerConfig
@@ -95,8 +95,8 @@ class TestIdempotency:
 
 class TestWhatIsWrittenAndRouted:
     def test_the_entry_keeps_the_status_result_and_progress_as_sent(self) -> None:
-        fields = CONFIG.call(
-            "job-1", "done", "completed", result=KOREAN_RESULT, progress=100
+        fields = CONFIG.stage_event(
+            StageEvent("job-1", "done", "completed", result=KOREAN_RESULT, progress=100)
         ).fields
 
         assert (fields["stage"], fields["status"], fields["seq"]) == ("done", "completed", "51")
@@ -105,7 +105,7 @@ class TestWhatIsWrittenAndRouted:
         assert "정상입니다" in fields["result"]
 
     def test_queued_started_is_routed_as_the_queued_event(self) -> None:
-        fields = CONFIG.call("job-1", "queued", "started", progress=0).fields
+        fields = CONFIG.stage_event(StageEvent("job-1", "queued", "started", progress=0)).fields
         event = routed(fields)
 
         assert (event.seq, event.stage, event.status, event.progress) == (0, "queued", "started", 0)
@@ -114,7 +114,11 @@ class TestWhatIsWrittenAndRouted:
         assert not gateway_event(event).terminal
 
     def test_done_completed_is_routed_as_the_done_event_and_ends_the_stream(self) -> None:
-        event = routed(CONFIG.call("job-1", "done", "completed", result=KOREAN_RESULT).fields)
+        event = routed(
+            CONFIG.stage_event(
+                StageEvent("job-1", "done", "completed", result=KOREAN_RESULT)
+            ).fields
+        )
 
         assert (event.seq, event.result) == (51, KOREAN_RESULT)
         assert event.is_terminal
@@ -124,7 +128,9 @@ class TestWhatIsWrittenAndRouted:
 
     def test_a_failed_stage_is_an_error_event_with_its_own_seq(self) -> None:
         event = routed(
-            CONFIG.call("job-1", "vision", "failed", result={"error": "시간 초과"}).fields
+            CONFIG.stage_event(
+                StageEvent("job-1", "vision", "failed", result={"error": "시간 초과"})
+            ).fields
         )
 
         assert event.seq == 12

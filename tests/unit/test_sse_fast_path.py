@@ -4,7 +4,6 @@ on the in-memory adapters."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,15 +17,14 @@ from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.http.sse_fast_path import JobEventsFastPath
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 def client_of(app: FastAPI) -> httpx.AsyncClient:

@@ -5,7 +5,6 @@ gateway with a JWT secret."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from eco_router.domain.grant import Grant
 from eco_router.entrypoints.container import build_container
 from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.settings import load_settings
+from tests.environment import clear_settings
 
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 NAMED = 50
@@ -32,9 +32,7 @@ REFUSED_WITHIN_S = 5.0
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 class CountingAuthorizer(Authorizer):

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from eco_router.adapters.feed_queue import ViewerQueue
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, LiveEvent
 from eco_router.domain.sse import GatewayEvent
 
 
@@ -206,7 +206,7 @@ async def waiting_with_a_handler() -> tuple[ViewerQueue, list[GatewayEvent], asy
     offered; the events it took."""
     written: list[GatewayEvent] = []
     queue = ViewerQueue(maxsize=3)
-    queue.write_through = lambda event: written.append(event) is None
+    queue.write_through = lambda live: written.append(live.event) is None
     waiting = asyncio.create_task(queue.get(30))
     await asyncio.sleep(0)
     return queue, written, waiting
@@ -216,7 +216,7 @@ class TestWritingThrough:
     async def test_an_event_for_a_waiting_viewer_goes_to_the_handler_not_the_queue(self) -> None:
         queue, written, waiting = await waiting_with_a_handler()
 
-        queue.put(running(1))
+        queue.offer(LiveEvent(running(1)))
 
         assert written == [running(1)]
         assert len(queue) == 0
@@ -229,7 +229,7 @@ class TestWritingThrough:
         queue, written, waiting = await waiting_with_a_handler()
 
         queue.mark_gap("pubsub_reconnect")
-        queue.put(running(1))
+        queue.offer(LiveEvent(running(1)))
 
         assert written == []
         async with asyncio.timeout(5):
@@ -241,7 +241,7 @@ class TestWritingThrough:
         waiting.cancel()
         await asyncio.wait([waiting])
 
-        queue.put(running(1))
+        queue.offer(LiveEvent(running(1)))
 
         assert written == []
         assert await drain(queue) == [running(1)]

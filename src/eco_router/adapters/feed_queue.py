@@ -7,7 +7,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, LiveEvent
 from eco_router.domain.sse import GatewayEvent
 
 SLOW_CLIENT = "slow_client"
@@ -97,20 +97,26 @@ class ViewerQueue:
         # of the connection (with its dict and its waiters' deque, about 1 KiB).
         self._waiter: asyncio.Future[None] | None = None
         self._on_drop = on_drop
-        self.write_through: Callable[[GatewayEvent], bool] | None = None
+        self.write_through: Callable[[LiveEvent], bool] | None = None
 
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def put(self, event: GatewayEvent) -> None:
+    def offer(self, live: LiveEvent) -> None:
+        """`live` written through while the viewer waits with nothing queued and no gap
+        pending (the handler's say), else queued: the one place where a live event takes
+        the direct way or the queue."""
         if (
             self._waiter is not None
             and self.write_through is not None
             and self._gap is None
             and not len(self._buffer)
-            and self.write_through(event)
+            and self.write_through(live)
         ):
             return
+        self.put(live.event)
+
+    def put(self, event: GatewayEvent) -> None:
         dropped = self._buffer.put(event)
         if dropped:
             if self._gap is None:

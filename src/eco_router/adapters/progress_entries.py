@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -16,9 +15,9 @@ from eco_router.domain.parsing import DEFAULT_MAX_FIELD_BYTES, MAX_SEQ, parse_en
 from eco_router.domain.progress import (
     InvalidProgressEvent,
     ProgressEvent,
+    StageEvent,
     StagePlan,
     Status,
-    progress_event,
 )
 from eco_router.domain.streams import StreamFamily, slot_named
 from eco_router.domain.token_entries import (
@@ -63,20 +62,9 @@ class ProducerConfig:
     wait_replicas: int = 0
     wait_timeout_ms: int = 500
 
-    def call(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> PreparedEntry:
+    def stage_event(self, call: StageEvent) -> PreparedEntry:
         """Validate and encode; raises `InvalidProgressEvent` before any I/O."""
-        event = progress_event(
-            job_id, stage, status, plan=self.plan, result=result, progress=progress, seq=seq
-        )
+        event = call.validated(self.plan)
         stream = self.family.stream_for(event.job_id)
         fields = stream_fields(event) | current_trace_fields()
         self._check_routable(stream, fields)

@@ -8,14 +8,12 @@ from collections.abc import AsyncIterator
 
 from eco_router.application.ports import ControlStore
 from eco_router.domain.control import ControlMessage
-
-# A wait is cut in slices this long, so that a job that ended while its worker waited ends
-# the wait within one (the end is read with the messages).
-WAIT_SLICE_S = 1.0
+from eco_router.domain.control_reading import ControlReading, Deliver, KnownCancels
 
 
 class ControlInbox:
-    """The control messages of one domain's jobs, as its worker reads them.
+    """The control messages of one domain's jobs, as its worker reads them (the loop is
+    `ControlReading`'s; this runs it on a `ControlStore`).
 
     - `cancelled` costs one read while no cancel is known, none once one is (a cancel is
       never withdrawn).
@@ -27,39 +25,29 @@ class ControlInbox:
     def __init__(self, store: ControlStore, domain: str) -> None:
         self._store = store
         self._domain = domain
-        self._cancelled: set[str] = set()
+        self._cancels = KnownCancels()
 
     async def cancelled(self, job_id: str) -> bool:
         """Whether a cancel was recorded for the job."""
-        if job_id in self._cancelled:
+        if self._cancels.known(job_id):
             return True
-        if await self._store.cancelled(self._domain, job_id):
-            self._cancelled.add(job_id)
-            return True
-        return False
+        return self._cancels.read(job_id, await self._store.cancelled(self._domain, job_id))
 
     async def messages(
         self, job_id: str, *, timeout_s: float | None = None
     ) -> AsyncIterator[ControlMessage]:
         """Each unacknowledged message of the job once, in order, waiting for more; ends when
         the job has ended or after `timeout_s` (None: only at the job's end)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        after = "0-0"
-        while True:
-            pending = await self._store.deliver(self._domain, job_id, after=after)
-            if pending.ended:
-                return
-            for message in pending.messages:
-                yield message
-            after = pending.last_id
-            if pending.more:
-                continue
-            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                return
-            await self._store.wait(
-                self._domain, job_id, after=after, timeout_s=min(left, WAIT_SLICE_S)
-            )
+        reading = ControlReading(timeout_s=timeout_s, now=time.monotonic())
+        while (step := reading.next_step(time.monotonic())) is not None:
+            if isinstance(step, Deliver):
+                pending = await self._store.deliver(self._domain, job_id, after=step.after)
+                for message in reading.delivered(pending):
+                    yield message
+            else:
+                await self._store.wait(
+                    self._domain, job_id, after=step.after, timeout_s=step.timeout_s
+                )
 
     async def next(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
         """The job's first unacknowledged message, waiting up to `timeout_s` for one (None:

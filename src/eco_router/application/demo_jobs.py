@@ -13,7 +13,7 @@ from typing import Any
 from eco_router.application.control_inbox import ControlInbox
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.control import ControlKind
-from eco_router.domain.progress import StagePlan, Status
+from eco_router.domain.progress import StageEvent, StagePlan, Status
 
 LABELS = ("cat", "dog", "bicycle", "receipt", "invoice", "screenshot", "landscape")
 
@@ -233,7 +233,7 @@ class RunDemoJobs:
                 return False
             await pacer.wait()
             seq = CHAT_PLAN.seq_for(name, status)
-            await publisher.publish_stage_event(job_id, name, status.value, seq=seq, **extra)
+            await publisher.publish(StageEvent(job_id, name, status.value, seq=seq, **extra))
             tally.events += 1
             if on_event is not None:
                 on_event(tally)
@@ -334,10 +334,11 @@ class RunDemoJobs:
             if stop.is_set():
                 return
             await pacer.wait()
-            await self._publisher.publish_stage_event(job_id, stage, status, **extra)
+            event = StageEvent(job_id, stage, status, **extra)
+            await self._publisher.publish(event)
             tally.events += 1
             if self._random.randrange(self._retry_every) == 0:
-                await self._publisher.publish_stage_event(job_id, stage, status, **extra)
+                await self._publisher.publish(event)
                 tally.retries += 1
             if on_event is not None:
                 on_event(tally)

@@ -9,6 +9,10 @@ class TransientError(PortError):
     """The infrastructure behind a port is unreachable or timed out: retry later, ack nothing."""
 
 
+class ReplicasBehind(TransientError):
+    """Fewer replicas than asked acknowledged a write in time; the write itself is done."""
+
+
 class BroadcastFailed(TransientError):
     """A broadcast did not reach the Pub/Sub server; the events it carried are owed one."""
 

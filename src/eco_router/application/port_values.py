@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eco_router.application.errors import PermanentError
 from eco_router.domain.event import JobEvent
 from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
+from eco_router.domain.sse import GatewayEvent, event_frame
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.verdict import Judgement
 
@@ -223,6 +224,31 @@ class FeedGap:
     """Live events may have been lost (slow client, Pub/Sub reconnect): re-read the history."""
 
     reason: str
+
+
+class LiveEvent:
+    """One live event on its way to every viewer of its job in this process: what is the
+    same for all of them is worked out once, whatever their number.
+
+    Its frame is encoded once; the first viewer written to reads the clock for all of them
+    (`now_ms`) and names who reports (`report`); each viewer written to adds one to
+    `written`. The feed settles it once every viewer has had it: the viewers written to are
+    then reported in one go (counted per event and number of viewers, not per viewer).
+    """
+
+    __slots__ = ("event", "frame", "now_ms", "report", "written")
+
+    def __init__(self, event: GatewayEvent) -> None:
+        self.event = event
+        self.frame = event_frame(event)
+        self.now_ms: int | None = None
+        self.written = 0
+        self.report: Callable[[LiveEvent], None] | None = None
+
+    def settle(self) -> None:
+        """Every viewer has had it: report those written to, once."""
+        if self.written and self.report is not None:
+            self.report(self)
 
 
 @dataclass(frozen=True, slots=True)

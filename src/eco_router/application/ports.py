@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         FeedGap,
         GroupView,
         JobView,
+        LiveEvent,
         ReadBatch,
         ReadStart,
         Replayed,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from eco_router.domain.event import JobEvent
     from eco_router.domain.grant import Grant
     from eco_router.domain.ownership import Lease
+    from eco_router.domain.progress import StageEvent
     from eco_router.domain.rejection import RejectReason
     from eco_router.domain.sse import GatewayEvent
     from eco_router.domain.streams import StreamFamily
@@ -368,17 +370,9 @@ class RouterMetrics(HealthMetrics, Protocol):
 class ProgressPublisher(Protocol):
     """Anything that publishes a job's stage event (the Redis or the in-memory producer)."""
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        """Append the event once; returns its stream entry id."""
+    async def publish(self, event: StageEvent) -> str:
+        """Append the event once; returns its stream entry id (the first one's, when the same
+        (job, stage, status) was published already)."""
         ...
 
     async def publish_tokens(
@@ -443,10 +437,12 @@ class FeedSubscription(Protocol):
         (`next` then tells what there is). A subscription may always answer None."""
         return None
 
-    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+    def write_through(self, handler: Callable[[LiveEvent], bool] | None) -> None:
         """While the viewer waits in `next` with nothing queued, offer each arriving event to
         `handler` first (synchronously, as it arrives); one it returns True for is handled
-        and not queued. None stops it. A subscription may ignore this and always queue."""
+        and not queued. One `LiveEvent` goes to the handlers of every viewer of the job the
+        feed delivers it to, and is settled once they all had it. None stops it. A
+        subscription may ignore this and always queue."""
         return None
 
     async def close(self) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from eco_router.application.errors import TransientError
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, JobView, LiveEvent
 from eco_router.application.ports import (
     Clock,
     EventDecoder,
@@ -104,7 +105,8 @@ class StreamJobEvents:
       until it ends, however it ends; events cost the count nothing.
     - `already_ended` tells, before any stream opens, whether a resuming client already has
       the job's terminal event or the latest event of an idle job, so the HTTP layer can
-      tell it to stop reconnecting.
+      tell it to stop reconnecting; `open_unless_ended` tells it from the read that gives
+      the replay (one read of the store per open), opening nothing when it does.
     """
 
     def __init__(
@@ -137,22 +139,44 @@ class StreamJobEvents:
             view = await self._store.view(domain, job_id)
         except TransientError as error:
             raise StreamUnavailable("state store") from error
+        return self._ended_at(view, last_event_id)
+
+    def _ended_at(self, view: JobView, last_event_id: int | None) -> bool:
+        if last_event_id is None or missed_text(view.text_last_id, last_event_id):
+            return False
         state = self._decoder.decode(view.state) if view.state is not None else None
         heard_ms = _latest(state.written_ms if state is not None else None, view.text_written_ms)
-        if missed_text(view.text_last_id, last_event_id):
-            return False
         return self._end(state, last_event_id, heard_ms) is not None
 
     async def open(self, domain: str, job_id: str, last_event_id: int | None = None) -> JobStream:
         """Subscribe and read the replay now, so that a Pub/Sub or state store outage is an
         error (`StreamUnavailable`) before any response starts, not a cut stream."""
+        stream = await self._open(domain, job_id, last_event_id, unless_ended=False)
+        assert stream is not None
+        return stream
+
+    async def open_unless_ended(
+        self, domain: str, job_id: str, last_event_id: int | None = None
+    ) -> JobStream | None:
+        """`open`, or None when the client already has the job's end (`already_ended`),
+        decided from the one read of the job that also gives the replay: a resuming client
+        costs one read of the store, not two. An ended job's subscription is closed again."""
+        return await self._open(domain, job_id, last_event_id, unless_ended=True)
+
+    async def _open(
+        self, domain: str, job_id: str, last_event_id: int | None, *, unless_ended: bool
+    ) -> JobStream | None:
         try:
             subscription = await self._feed.subscribe(domain, job_id)
         except TransientError as error:
             raise StreamUnavailable("pubsub") from error
         cursor = _Cursor(last_event_id)
         try:
-            replay = await self._catch_up(domain, job_id, cursor)
+            view = await self._store.view(domain, job_id)
+            if unless_ended and self._ended_at(view, last_event_id):
+                await subscription.close()
+                return None
+            replay = await self._catch_up(domain, job_id, cursor, view=view)
         except TransientError as error:
             await subscription.close()
             raise StreamUnavailable("state store") from error
@@ -198,7 +222,7 @@ class StreamJobEvents:
             # A job never heard of is given up as idle counting from here.
             opened_ms = self._clock.now_ms()
             if writer is not None:
-                subscription.write_through(lambda event: self._write_through(event, cursor, writer))
+                subscription.write_through(partial(self._write_through, cursor, writer))
                 # The connection keeps itself alive: on thousands of idle streams, a wake-up
                 # of each one's task per keepalive was most of the gateway's idle CPU.
                 writer.keep_alive(self._limits.keepalive_s, KEEPALIVE_FRAME)
@@ -283,13 +307,21 @@ class StreamJobEvents:
         return frames
 
     async def _catch_up(
-        self, domain: str, job_id: str, cursor: _Cursor, *, recheck: bool = False
+        self,
+        domain: str,
+        job_id: str,
+        cursor: _Cursor,
+        *,
+        recheck: bool = False,
+        view: JobView | None = None,
     ) -> list[bytes]:
-        """The frames the client missed, read from the store. A re-check of a quiet stream
-        sends only what is new: the client was told at its opening of a job still unknown."""
+        """The frames the client missed, read from the store (or from `view`, read just now).
+        A re-check of a quiet stream sends only what is new: the client was told at its
+        opening of a job still unknown."""
         # One re-read per quiet spell, not one per turn of the wait.
         cursor.checked_ms = self._clock.now_ms()
-        view = await self._store.view(domain, job_id)
+        if view is None:
+            view = await self._store.view(domain, job_id)
         history = [e for e in map(self._decoder.decode, view.history) if e is not None]
         state = self._decoder.decode(view.state) if view.state is not None else None
         recovery = None
@@ -340,16 +372,36 @@ class StreamJobEvents:
             idle_after_ms=self._idle_ms,
         )
 
-    def _write_through(self, event: GatewayEvent, cursor: _Cursor, writer: FrameWriter) -> bool:
+    def _write_through(self, cursor: _Cursor, writer: FrameWriter, live: LiveEvent) -> bool:
         """A live event written at once, from the feed's fan-out, while the stream waits: no
-        task switch per viewer. A terminal event still goes through the queue: the stream
-        ends with it; so does one that tells the client missed events: it needs the store."""
+        task switch per viewer, and only what differs per viewer (is it past this id, can
+        the connection take it, the write); the clock and the metrics are once per event
+        (`_report_live`). A terminal event still goes through the queue: the stream ends with
+        it; so does one that tells the client missed events: it needs the store."""
+        event = live.event
         if event.terminal or not writer.writable() or missed_before(event, cursor.last_sent):
             return False
-        frames = self._live(event, cursor)
-        if frames:
-            writer.write(frames[0])
+        if not cursor.take(event):
+            if cursor.overtaken(event):
+                self._metrics.event_overtaken()
+            return True
+        now_ms = live.now_ms
+        if now_ms is None:
+            now_ms = live.now_ms = self._clock.now_ms()
+            live.report = self._report_live
+        # Heard of now: an event routed late (written long ago) is still a sign of life.
+        cursor.heard_ms = now_ms
+        writer.write(live.frame)
+        live.written += 1
         return True
+
+    def _report_live(self, live: LiveEvent) -> None:
+        """The viewers a live event was written through to, counted in one go: one latency
+        for all of them (they were written in the same turn)."""
+        self._metrics.events_sent(live.written, replayed=False)
+        written_ms = live.event.written_ms
+        if written_ms is not None and live.now_ms is not None:
+            self._metrics.delivered(max(0.0, float(live.now_ms - written_ms)))
 
     def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
         if not cursor.take(event):

@@ -124,6 +124,31 @@ class StagePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class StageEvent:
+    """What a producer asks to publish for a job: its stage and status, with an optional
+    result, progress (0-100) and seq (else the plan's); `validated` checks it."""
+
+    job_id: str
+    stage: str
+    status: str
+    result: Any = None
+    progress: int | None = None
+    seq: int | None = None
+
+    def validated(self, plan: StagePlan) -> ProgressEvent:
+        """The event as written; every problem raises `InvalidProgressEvent`."""
+        return progress_event(
+            self.job_id,
+            self.stage,
+            self.status,
+            plan=plan,
+            result=self.result,
+            progress=self.progress,
+            seq=self.seq,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressEvent:
     """A validated event ready to be written to its stream."""
 

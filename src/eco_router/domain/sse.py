@@ -28,9 +28,14 @@ class GatewayEvent:
     # Worked out once: one event fans out to every viewer of its job, each asking again.
     _name: str = field(init=False, repr=False, compare=False)
     _frame: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    # Nothing follows a done or a failed event: the stream ends after it. A field, not a
+    # property: it is asked for each viewer of each live event.
+    terminal: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_name", _event_name(self.stage, self.status))
+        name = _event_name(self.stage, self.status)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "terminal", name == "done" or name == "error")
 
     def belongs_to(self, domain: str) -> bool:
         """Channels are per job id only: the payload's domain tells two domains' jobs apart."""
@@ -40,11 +45,6 @@ class GatewayEvent:
     def name(self) -> str:
         """The SSE event name: `done` for the final event, `error` for a failure, else the stage."""
         return self._name
-
-    @property
-    def terminal(self) -> bool:
-        """Nothing follows a done or a failed event: the stream ends after it."""
-        return self._name == "done" or self._name == "error"
 
 
 def _event_name(stage: str | None, status: str | None) -> str:

@@ -305,7 +305,9 @@ def _add_operator_commands(commands: argparse._SubParsersAction[_Parser]) -> Non
     dlq = _command(commands, "dlq", "inspect and replay dead letters")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
     dlq_list = _command(dlq_commands, "list", "show dead letters, oldest first")
-    dlq_list.add_argument("--domain", default="scan", help="the stream family's domain")
+    dlq_list.add_argument(
+        "--domain", default=None, help="one stream family's domain (default: every one)"
+    )
     dlq_list.add_argument(
         "--count", type=_positive_int, default=100, help="how many dead letters to show at most"
     )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
-from eco_router.domain.progress import StagePlan
+from eco_router.domain.progress import StageEvent, StagePlan
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 from eco_router.entrypoints.terminal_text import plural, printable
@@ -109,15 +109,13 @@ async def publish(
             decoded = json.loads(result)
         except ValueError as error:
             raise UsageError(f"--result is not JSON: {error}") from error
+    event = StageEvent(job, stage, status, result=decoded, progress=progress, seq=seq)
     # Validate before connecting: bad input never reaches Redis.
-    config.call(job, stage, status, result=decoded, progress=progress, seq=seq)
+    config.stage_event(event)
     from eco_router.adapters.redis.producer.publisher import AsyncStreamPublisher
 
     async with streams_client(settings) as client:
-        publisher = AsyncStreamPublisher(client, config)
-        entry_id = await publisher.publish_stage_event(
-            job, stage, status, result=decoded, progress=progress, seq=seq
-        )
+        entry_id = await AsyncStreamPublisher(client, config).publish(event)
     say(server.line(), out)
     say(f"{config.family.stream_for(job)} {entry_id}", out)
     return 0
@@ -165,21 +163,10 @@ class _FailuresNoted(ProgressPublisher):
     def failed_jobs(self) -> list[str]:
         return list(self._failed)
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        if status == "failed":
-            self._failed[job_id] = None
-        return await self._publisher.publish_stage_event(
-            job_id, stage, status, result=result, progress=progress, seq=seq
-        )
+    async def publish(self, event: StageEvent) -> str:
+        if event.status == "failed":
+            self._failed[event.job_id] = None
+        return await self._publisher.publish(event)
 
     async def publish_tokens(
         self,
@@ -232,31 +219,41 @@ async def state(
 
 
 async def dlq_list(
-    settings: Settings, server: Server, *, domain: str, count: int, out: TextIO
+    settings: Settings, server: Server, *, domain: str | None, count: int, out: TextIO
 ) -> int:
+    """The dead letters of `domain`, or of every configured domain (`count` at most each)."""
     from eco_router.adapters.redis.router.dead_letters import RedisDeadLetterArchive
 
-    family = family_for(settings, domain)
+    families = settings.streams if domain is None else (family_for(settings, domain),)
     async with streams_client(settings) as client:
         archive = RedisDeadLetterArchive(client)
-        letters = await archive.oldest(family, count=count)
-        # Counted only when the listing is full, so a short listing costs no second command.
-        total = (await archive.tally(family)).count if len(letters) == count else len(letters)
+        listings = []
+        for family in families:
+            letters = await archive.oldest(family, count=count)
+            # Counted only when the listing is full, so a short one costs no second command.
+            full = len(letters) == count
+            total = (await archive.tally(family)).count if full else len(letters)
+            listings.append((family, letters, total))
     say(server.line(), out)
-    if not letters:
-        say(f"{family.dead_letter_stream} is empty", out)
-    for letter in letters:
-        fields = " ".join(
-            f"{k.decode(errors='replace')}={_short(v)}" for k, v in letter.fields.items()
-        )
-        say(
-            f"{letter.dlq_id}  {letter.reason:<22} {letter.stream} {letter.entry_id} "
-            f"deliveries={letter.deliveries}  {letter.detail}",
-            out,
-        )
-        say(f"    {fields}", out)
-    if total > len(letters):
-        say(f"… {total - len(letters)} more; --count {total} shows every one", out)
+    for family, letters, total in listings:
+        if not letters:
+            say(f"{family.dead_letter_stream} is empty", out)
+        for letter in letters:
+            fields = " ".join(
+                f"{k.decode(errors='replace')}={_short(v)}" for k, v in letter.fields.items()
+            )
+            say(
+                f"{letter.dlq_id}  {letter.reason:<22} {letter.stream} {letter.entry_id} "
+                f"deliveries={letter.deliveries}  {letter.detail}",
+                out,
+            )
+            say(f"    {fields}", out)
+        if total > len(letters):
+            say(
+                f"… {total - len(letters)} more in {family.dead_letter_stream}; "
+                f"--count {total} shows every one",
+                out,
+            )
     return 0
 
 

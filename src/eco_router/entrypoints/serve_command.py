@@ -58,7 +58,9 @@ def run_serve(
     route: bool,
     demo: bool,
 ) -> int:
-    sock = listening_socket(host, port)
+    sock = listening_socket(
+        host, port, elsewhere="serve on a free one: --port {port} (make run PORT={port})"
+    )
     try:
         with contextlib.ExitStack() as stack:
             redis: EmbeddedRedis | None = None

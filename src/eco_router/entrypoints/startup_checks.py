@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -80,8 +81,9 @@ def connection_failure(role: str, url: str, error: RedisError | OSError) -> Star
     return StartupFailure(f"cannot reach {where}: {cause(error)}", ExitCode.UNREACHABLE)
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port` (0: any free port), before anything else starts.
+def listening_socket(host: str, port: int, *, elsewhere: str = "") -> socket.socket:
+    """A socket bound to `host`:`port` (0: any free port), before anything else starts;
+    `elsewhere` says how to pick another port when this one is taken (`{port}`: a free one).
 
     uvicorn would find the port taken only after the app and the router had started, log
     its own lines and exit; binding first makes that one line and exit 3.
@@ -100,10 +102,22 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as error:
         sock.close()
+        hint = ""
+        if error.errno == errno.EADDRINUSE and elsewhere:
+            hint = "; " + elsewhere.format(port=free_port(host))
         raise StartupFailure(
-            f"cannot listen on {host}:{port}: {cause(error)}", ExitCode.UNREACHABLE
+            f"cannot listen on {host}:{port}: {cause(error)}{hint}", ExitCode.UNREACHABLE
         ) from error
     return sock
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` right now, to suggest in place of a taken one."""
+    try:
+        with socket.create_server((host, 0)) as probe:
+            return int(probe.getsockname()[1])
+    except OSError:
+        return 8010
 
 
 def cause(error: BaseException) -> str:

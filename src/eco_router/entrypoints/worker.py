@@ -60,7 +60,11 @@ async def serve(container: Container, stop: asyncio.Event) -> None:
     # The worker serves no viewers: no Pub/Sub reader, and no `feed` check in its readiness.
     container.event_feed.override(providers.Object(None))
     # Bound before the router starts: a taken port is one line with its reason, nothing else.
-    sock = listening_socket(settings.http_host, settings.http_port)
+    sock = listening_socket(
+        settings.http_host,
+        settings.http_port,
+        elsewhere="set EVENT_ROUTER_HTTP_PORT to a free one, e.g. {port}",
+    )
     try:
         await _serve_on(sock, server, container, stop)
     finally:

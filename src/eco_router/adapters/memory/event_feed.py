@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.adapters.memory.broadcaster import InMemoryBroadcaster
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, LiveEvent
 from eco_router.application.ports import (
     EventDecoder,
     EventFeed,
@@ -44,7 +44,9 @@ class InMemoryFeedSubscription(FeedSubscription):
             payload = await self._source.get()
             event = self._decoder.decode(payload)
             if event is not None and event.belongs_to(self._domain):
-                self._viewer.put(event)
+                live = LiveEvent(event)
+                self._viewer.offer(live)
+                live.settle()
 
     async def next(self, timeout_s: float) -> GatewayEvent | FeedGap | FeedClosed | None:
         return await self._viewer.get(timeout_s)
@@ -52,7 +54,7 @@ class InMemoryFeedSubscription(FeedSubscription):
     def next_nowait(self) -> GatewayEvent | None:
         return self._viewer.get_nowait()
 
-    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+    def write_through(self, handler: Callable[[LiveEvent], bool] | None) -> None:
         self._viewer.write_through = handler
 
     async def close(self) -> None:

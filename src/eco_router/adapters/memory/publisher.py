@@ -1,20 +1,24 @@
-"""In-memory producer: the same validation and idempotency, appending to `InMemoryStreams`."""
+"""In-memory producer: the Redis publishers' core (`PublisherCore`), appending to
+`InMemoryStreams`."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Iterable
 from typing import Any
 
 from eco_router.adapters.memory.streams import InMemoryStreams
+from eco_router.adapters.producer_calls import StageEventCalls
+from eco_router.adapters.producer_core import PublisherCore
 from eco_router.adapters.progress_entries import PreparedEntry, ProducerConfig
-from eco_router.adapters.token_batches import TokenTally, coalesced, refuse_text
+from eco_router.adapters.token_batches import coalesced
 from eco_router.application.ports import ProgressPublisher
 from eco_router.domain.event import FIRST_TOKEN_SEQ
-from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished, token_run
+from eco_router.domain.progress import StageEvent
+from eco_router.domain.token_entries import DEFAULT_COALESCE_MS, TokensPublished
 
 
-class InMemoryStreamPublisher(ProgressPublisher):
+class InMemoryStreamPublisher(StageEventCalls[Awaitable[str]], ProgressPublisher):
     """Appends each (job, stage, status) and each (job, attempt, token seq) once; a repeat
     returns the first entry's id. `round_trips` counts the writes a Redis publisher would
     send: one per batch of tokens ready together."""
@@ -22,20 +26,12 @@ class InMemoryStreamPublisher(ProgressPublisher):
     def __init__(self, streams: InMemoryStreams, config: ProducerConfig) -> None:
         self.config = config
         self.round_trips = 0
+        self._core = PublisherCore(config)
         self._streams = streams
         self._first_ids: dict[str, str] = {}
 
-    async def publish_stage_event(
-        self,
-        job_id: str,
-        stage: str,
-        status: str,
-        *,
-        result: Any = None,
-        progress: int | None = None,
-        seq: int | None = None,
-    ) -> str:
-        entry = self.config.call(job_id, stage, status, result=result, progress=progress, seq=seq)
+    async def publish(self, event: StageEvent) -> str:
+        entry = self._core.stage_event(event)
         self.round_trips += 1
         return self._append(entry)
 
@@ -49,21 +45,17 @@ class InMemoryStreamPublisher(ProgressPublisher):
         coalesce_ms: float = DEFAULT_COALESCE_MS,
         first_seq: int = FIRST_TOKEN_SEQ,
     ) -> TokensPublished:
-        refuse_text(tokens)
-        run = self.config.tokens(
-            token_run(job_id, node=node, attempt=attempt, first_seq=first_seq),
-            coalesce_ms=coalesce_ms,
+        writing = self._core.token_writing(
+            job_id, tokens, node=node, attempt=attempt, coalesce_ms=coalesce_ms, first_seq=first_seq
         )
-        tally = TokenTally(run.run.first_seq)
-        async with contextlib.aclosing(coalesced(tokens, run.coalescing)) as batches:
+        async with contextlib.aclosing(coalesced(tokens, writing.coalescing)) as batches:
             async for texts in batches:
-                # Prepared one by one, as the Redis publisher does: the entries before one the
-                # router would refuse are written, then its error is raised.
+                batch = writing.batch(texts)
                 self.round_trips += 1
-                for text in texts:
-                    self._append(run.entry(tally.entries, text))
-                    tally.add([text])
-        return tally.published()
+                for entry in batch.entries:
+                    self._append(entry)
+                writing.written(batch)
+        return writing.published()
 
     async def publish_token(
         self,
@@ -74,7 +66,7 @@ class InMemoryStreamPublisher(ProgressPublisher):
         node: str | None = None,
         attempt: int = 0,
     ) -> str:
-        entry = self.config.token(job_id, content, seq=seq, node=node, attempt=attempt)
+        entry = self._core.token(job_id, content, seq=seq, node=node, attempt=attempt)
         self.round_trips += 1
         return self._append(entry)
 

@@ -90,6 +90,8 @@ class InMemoryStateStore(StateStore):
         text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
     ) -> None:
         self.available = True
+        # Reads of a job's view so far: each is a round trip to a real store.
+        self.views = 0
         self._streams = streams
         self._group = group
         self._leases = streams.lease_table(group)
@@ -245,6 +247,7 @@ class InMemoryStateStore(StateStore):
             job.history_bytes -= len(job.history.pop(0))
 
     async def view(self, domain: str, job_id: str) -> JobView:
+        self.views += 1
         if not self.available:
             raise TransientError("in-memory state store marked unavailable")
         job = self._job(domain, job_id)

@@ -74,7 +74,9 @@ class PrometheusGatewayMetrics(GatewayMetrics):
         )
         self._latency = Histogram(
             "event_router_gateway_delivery_latency_seconds",
-            "Entry written (its id's time) to written to the client, live events.",
+            "Entry written (its id's time) to written to the clients, live events: one "
+            "observation per event for the viewers written as it arrives, one per viewer "
+            "for those that take it from their queue.",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )

@@ -1,4 +1,4 @@
-"""Redis adapter of `ControlStore`, and its synchronous twin for a worker's own thread."""
+"""Redis adapter of `ControlStore`, and a worker's blocking inbox on the same scripts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
 from eco_router.adapters.redis.errors import redis_errors
 from eco_router.adapters.redis.keys import JobKeys
 from eco_router.adapters.redis.scripts import load_lua
-from eco_router.application.control_inbox import WAIT_SLICE_S
 from eco_router.application.ports import Clock, ControlStore
 from eco_router.domain.control import (
     PREVIEW_BYTES,
@@ -31,6 +30,7 @@ from eco_router.domain.control import (
     RateBucket,
     has_ended,
 )
+from eco_router.domain.control_reading import ControlReading, Deliver, KnownCancels
 from eco_router.domain.streams import StreamFamily
 
 # A read's page of waiting messages; the bounds keep a log to about this many.
@@ -215,17 +215,13 @@ class RedisControlStore(ControlStore):
     ) -> PendingControls:
         job, _ = self._keys.of(domain, job_id)
         with redis_errors("deliver control messages", key=job.control):
-            reply = await self._deliver(
-                keys=[job.state, job.control, job.control_state], args=[after, limit]
-            )
+            reply = await self._deliver(**deliver_call(job, after=after, limit=limit))
         return pending(domain, job_id, reply)
 
     async def acknowledge(self, domain: str, job_id: str, message_id: str) -> bool:
         job, _ = self._keys.of(domain, job_id)
         with redis_errors("acknowledge control message", key=job.control_state):
-            return bool(
-                await self._acknowledge(keys=[job.control_state, job.control], args=[message_id])
-            )
+            return bool(await self._acknowledge(**acknowledge_call(job, message_id)))
 
     async def cancelled(self, domain: str, job_id: str) -> bool:
         job, _ = self._keys.of(domain, job_id)
@@ -235,7 +231,7 @@ class RedisControlStore(ControlStore):
     async def wait(self, domain: str, job_id: str, *, after: str, timeout_s: float) -> None:
         job, _ = self._keys.of(domain, job_id)
         with redis_errors("wait for control messages", key=job.control):
-            await self._client.xread({job.control: after}, count=1, block=_block_ms(timeout_s))
+            await self._client.xread(**wait_call(job, after, timeout_s))
 
     async def messages(self, domain: str, job_id: str, *, limit: int = 50) -> ControlLogPage:
         job, _ = self._keys.of(domain, job_id)
@@ -246,9 +242,10 @@ class RedisControlStore(ControlStore):
         return log_page(reply)
 
 
-class SyncControlInbox:
-    """`ControlInbox` for synchronous code (a Celery task): the same scripts and rules on a
-    blocking client."""
+class BlockingControlInbox:
+    """`ControlInbox` for synchronous code (a Celery task): the same loop
+    (`ControlReading`) and scripts, on a blocking client; redis-py's errors as they come, as
+    the blocking publisher raises them."""
 
     def __init__(
         self, client: redis.Redis | redis.cluster.RedisCluster, family: StreamFamily
@@ -258,39 +255,25 @@ class SyncControlInbox:
         self._keys = ControlKeys([family])
         self._deliver = client.register_script(load_lua("deliver_control.lua"))
         self._acknowledge = client.register_script(load_lua("acknowledge_control.lua"))
-        self._cancelled: set[str] = set()
+        self._cancels = KnownCancels()
 
     def cancelled(self, job_id: str) -> bool:
-        """Whether a cancel was recorded for the job (no read once one is known)."""
-        if job_id in self._cancelled:
+        """As `ControlInbox.cancelled`."""
+        if self._cancels.known(job_id):
             return True
         job, _ = self._keys.of(self._domain, job_id)
-        if self._client.hexists(job.control_state, "cancel"):
-            self._cancelled.add(job_id)
-            return True
-        return False
+        return self._cancels.read(job_id, bool(self._client.hexists(job.control_state, "cancel")))
 
     def messages(self, job_id: str, *, timeout_s: float | None = None) -> Iterator[ControlMessage]:
         """As `ControlInbox.messages`."""
         job, _ = self._keys.of(self._domain, job_id)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        after = "0-0"
-        while True:
-            reply = self._deliver(
-                keys=[job.state, job.control, job.control_state], args=[after, DELIVER_LIMIT]
-            )
-            handed = pending(self._domain, job_id, reply)
-            if handed.ended:
-                return
-            yield from handed.messages
-            after = handed.last_id
-            if handed.more:
-                continue
-            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                return
-            block = _block_ms(min(left, WAIT_SLICE_S))
-            self._client.xread({job.control: after}, count=1, block=block)
+        reading = ControlReading(timeout_s=timeout_s, now=time.monotonic())
+        while (step := reading.next_step(time.monotonic())) is not None:
+            if isinstance(step, Deliver):
+                reply = self._deliver(**deliver_call(job, after=step.after))
+                yield from reading.delivered(pending(self._domain, job_id, reply))
+            else:
+                self._client.xread(**wait_call(job, step.after, step.timeout_s))
 
     def next(self, job_id: str, *, timeout_s: float) -> ControlMessage | None:
         """As `ControlInbox.next`."""
@@ -299,9 +282,22 @@ class SyncControlInbox:
     def acknowledge(self, message: ControlMessage) -> bool:
         """As `ControlInbox.acknowledge`."""
         job, _ = self._keys.of(message.domain, message.job_id)
-        return bool(
-            self._acknowledge(keys=[job.control_state, job.control], args=[message.message_id])
-        )
+        return bool(self._acknowledge(**acknowledge_call(job, message.message_id)))
+
+
+def deliver_call(job: JobKeys, *, after: str, limit: int = DELIVER_LIMIT) -> dict[str, Any]:
+    """`deliver_control.lua`'s keys and arguments."""
+    return {"keys": [job.state, job.control, job.control_state], "args": [after, limit]}
+
+
+def acknowledge_call(job: JobKeys, message_id: str) -> dict[str, Any]:
+    """`acknowledge_control.lua`'s keys and arguments."""
+    return {"keys": [job.control_state, job.control], "args": [message_id]}
+
+
+def wait_call(job: JobKeys, after: str, timeout_s: float) -> dict[str, Any]:
+    """XREAD's arguments that wait for the job's next control message after `after`."""
+    return {"streams": {job.control: after}, "count": 1, "block": _block_ms(timeout_s)}
 
 
 def _block_ms(timeout_s: float) -> int:

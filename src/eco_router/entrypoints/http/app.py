@@ -28,6 +28,7 @@ from eco_router.entrypoints.container import Container
 from eco_router.entrypoints.gateway_tasks import GatewayTasks
 from eco_router.entrypoints.gc_tuning import settle_garbage_collector
 from eco_router.entrypoints.http import (
+    asset_routes,
     console_routes,
     control_routes,
     favicon_routes,
@@ -116,6 +117,7 @@ def create_app(container: Container, *, route: bool = True, demo: bool = False) 
     app.include_router(ui_message_routes.router)
     console_routes.install(app, container)
     app.include_router(favicon_routes.router)
+    app.include_router(asset_routes.router)
     # Added first, so it runs inside every other middleware added below (CORS among them).
     app.add_middleware(JobEventsFastPath)
     if demo:

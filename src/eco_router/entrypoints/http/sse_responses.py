@@ -50,8 +50,8 @@ async def job_event_stream(
 
     A resuming client that already has the job's end gets 204 No Content: by the SSE
     standard, a browser's EventSource then stops reconnecting. A client address with too
-    many streams open gets 429; an unreachable Pub/Sub or state store, 503 (both with
-    `Retry-After`).
+    many streams open gets 429 (first: whether the job has ended is read with its replay);
+    an unreachable Pub/Sub or state store, 503 (both with `Retry-After`).
     """
     if JOB_ID.fullmatch(job_id) is None:
         raise HTTPException(422, "job_id must be 1-128 characters of [A-Za-z0-9_.:-]")
@@ -59,10 +59,9 @@ async def job_event_stream(
         raise HTTPException(404, f"unknown domain {domain!r}; known: {', '.join(domains)}")
     after = resume_point(request.headers.get("last-event-id") or last_event_id)
     authorizer.authorize(bearer_token(request, cookie), job_id, domain=domain)
-    if await stream.already_ended(domain, job_id, after):
-        return Response(status_code=204)
+    # The end is told from the read that gives the replay: one read of the store per open.
     return await streaming_response(
-        request, client_streams, lambda: stream.open(domain, job_id, after)
+        request, client_streams, lambda: stream.open_unless_ended(domain, job_id, after)
     )
 
 

@@ -18,6 +18,11 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ResponseError
 
+from eco_router.adapters.redis.connections.blocking_failover_watch import (
+    WatchedBlockingSentinelConnection,
+    WatchedBlockingSentinelSSLConnection,
+    watch_failovers_blocking,
+)
 from eco_router.adapters.redis.connections.closed_writes import translate_closed_writes
 from eco_router.adapters.redis.connections.command_packing import pack_commands_with_hiredis
 from eco_router.adapters.redis.connections.failover_watch import (
@@ -127,7 +132,8 @@ def redis_client(
 
 
 def sync_redis_client(url: str) -> redis.Redis | redis.cluster.RedisCluster:
-    """A blocking client for `url`, as the producer SDK's synchronous publisher uses it."""
+    """A blocking client for `url`, as the producer SDK's synchronous publisher uses it;
+    behind Sentinel it leaves the old master as soon as a failover is announced."""
     topology = parse_redis_url(url)
     if isinstance(topology, Standalone):
         return redis.Redis.from_url(url)
@@ -135,7 +141,14 @@ def sync_redis_client(url: str) -> redis.Redis | redis.cluster.RedisCluster:
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             topology.sentinels, **_sentinel_group_kwargs(topology)
         )
-        client: redis.Redis = sentinel.master_for(topology.master_name)  # type: ignore[no-untyped-call]
+        tls = topology.credentials.tls
+        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            topology.master_name,
+            connection_class=WatchedBlockingSentinelSSLConnection
+            if tls
+            else WatchedBlockingSentinelConnection,
+        )
+        watch_failovers_blocking(client, list(sentinel.sentinels))
         return client
     return redis.cluster.RedisCluster(
         startup_nodes=[

@@ -77,6 +77,41 @@ def announced(master_name: str, channel: str, data: str) -> Announcement | None:
     return None
 
 
+class FailoverState:
+    """What one master's clients know of its failovers from the sentinels' announcements,
+    whichever client (blocking or asyncio) follows them: whether a promotion holds new
+    connections back, and the last failover (the master replaced and the one promoted)."""
+
+    def __init__(self, master_name: str) -> None:
+        self.master_name = master_name
+        self.held = False
+        self.moved: tuple[Address, Address] | None = None
+        self._moved_at = 0.0
+
+    def heard(self, channel: str, data: str, *, now: float) -> bool:
+        """Take in one announcement; True when the clients must leave the old master now
+        (each sentinel announces the same end: only the first one counts)."""
+        meaning = announced(self.master_name, channel, data)
+        if meaning is None or (meaning.moved is not None and meaning.moved == self.moved):
+            return False
+        if meaning.hold:
+            self.held = True
+        else:
+            if meaning.moved is not None:
+                self.moved, self._moved_at = meaning.moved, now
+            self.held = False
+        return True
+
+    def promoted_in_place_of(self, address: Address, *, now: float) -> Address:
+        """The master announced in place of `address` (a sentinel that has not heard of the
+        failover yet still names the old one), else `address`. Only for `HOLD_S` after the
+        announcement: by then every sentinel knows, and a later failover back to `address`
+        this watch missed must not be overruled."""
+        if self.moved is None or self.moved[0] != address or now - self._moved_at > HOLD_S:
+            return address
+        return self.moved[1]
+
+
 class FailoverWatch:
     """One Sentinel group's announcements, followed for one connection pool: it is emptied
     and held closed from a promotion until the failover ends."""
@@ -88,9 +123,7 @@ class FailoverWatch:
         self._open.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._leaving: set[asyncio.Task[None]] = set()
-        # The last failover announced: (the master replaced, the one promoted).
-        self.moved: tuple[Address, Address] | None = None
-        self._moved_at = 0.0
+        self._state = FailoverState(pool.service_name)
         # The sentinels (their clients' ids) whose announcements arrive now.
         self.listening: set[int] = set()
 
@@ -108,7 +141,13 @@ class FailoverWatch:
                 self._pool.service_name,
                 HOLD_S,
             )
+            self._state.held = False
             self._open.set()
+
+    @property
+    def moved(self) -> tuple[Address, Address] | None:
+        """The last failover announced: (the master replaced, the one promoted)."""
+        return self._state.moved
 
     def start(self) -> None:
         """Listen to every sentinel (once; needs a running event loop)."""
@@ -125,26 +164,16 @@ class FailoverWatch:
         await cancel_and_wait(tasks)
 
     def promoted_in_place_of(self, address: Address) -> Address:
-        """The master announced in place of `address` (a sentinel that has not heard of the
-        failover yet still names the old one), else `address`. Only for `HOLD_S` after the
-        announcement: by then every sentinel knows, and a later failover back to `address`
-        this watch missed must not be overruled."""
-        if self.moved is None or self.moved[0] != address:
-            return address
-        if asyncio.get_running_loop().time() - self._moved_at > HOLD_S:
-            return address
-        return self.moved[1]
+        """`FailoverState.promoted_in_place_of`, now."""
+        return self._state.promoted_in_place_of(address, now=asyncio.get_running_loop().time())
 
     def on_announcement(self, channel: str, data: str) -> None:
-        meaning = announced(self._pool.service_name, channel, data)
-        if meaning is None or (meaning.moved is not None and meaning.moved == self.moved):
-            return  # each sentinel announces the same end: the first one is acted on
+        if not self._state.heard(channel, data, now=asyncio.get_running_loop().time()):
+            return
         log.info("%s: sentinel announced %s %s", self._pool.service_name, channel, data)
-        if meaning.hold:
+        if self._state.held:
             self._open.clear()
         else:
-            if meaning.moved is not None:
-                self.moved, self._moved_at = meaning.moved, asyncio.get_running_loop().time()
             self._open.set()
         task = asyncio.create_task(self._leave_old_master(), name="failover-leave")
         self._leaving.add(task)

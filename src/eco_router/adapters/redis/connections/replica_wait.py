@@ -20,13 +20,11 @@ from redis.exceptions import NoScriptError
 
 from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.connections.round_trips import PooledRoundTrips, RoundTrips
-from eco_router.application.errors import TransientError
+from eco_router.application.errors import ReplicasBehind
+
+__all__ = ["ReplicaWait", "ReplicasBehind"]
 
 Arguments = Sequence[str | int | bytes]
-
-
-class ReplicasBehind(TransientError):
-    """Fewer replicas than asked acknowledged a write in time; the write itself is done."""
 
 
 @dataclass(frozen=True, slots=True)

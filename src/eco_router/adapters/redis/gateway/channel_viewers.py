@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from eco_router.adapters.feed_queue import ViewerQueue
 from eco_router.application.errors import TransientError
-from eco_router.application.port_values import FeedClosed, FeedGap
+from eco_router.application.port_values import FeedClosed, FeedGap, LiveEvent
 from eco_router.application.ports import EventDecoder, FeedSubscription, GatewayMetrics
 from eco_router.domain.sse import GatewayEvent
 
@@ -36,7 +36,7 @@ class Viewer(FeedSubscription):
     def next_nowait(self) -> GatewayEvent | None:
         return self.queue.get_nowait()
 
-    def write_through(self, handler: Callable[[GatewayEvent], bool] | None) -> None:
+    def write_through(self, handler: Callable[[LiveEvent], bool] | None) -> None:
         self.queue.write_through = handler
 
     async def close(self) -> None:
@@ -96,6 +96,11 @@ class ChannelViewers:
         confirmed = self._confirmed.get(channel)
         if confirmed is None:
             return
+        if confirmed.done():
+            # A channel already subscribed (every viewer of a watched job but its first):
+            # no timer and no turn of the loop to wait; a refusal is raised as it was set.
+            confirmed.result()
+            return
         try:
             await asyncio.wait_for(asyncio.shield(confirmed), timeout=timeout_s)
         except TimeoutError as error:
@@ -127,15 +132,22 @@ class ChannelViewers:
             viewer.queue.mark_gap("pubsub_reconnect")
 
     def deliver(self, channel: str, data: object) -> None:
-        """A message published on `channel` reaches each of its viewers of the event's domain."""
+        """A message published on `channel` reaches each of its viewers of the event's domain:
+        decoded and encoded once, settled once every viewer has had it."""
         if not isinstance(data, bytes):
+            return
+        viewers = self._viewers.get(channel)
+        if not viewers:
             return
         event = self._decoder.decode(data)
         if event is None:
             return
-        for viewer in self._viewers.get(channel, ()):
-            if event.belongs_to(viewer.domain):
-                viewer.queue.put(event)
+        live = LiveEvent(event)
+        domain = event.domain
+        for viewer in viewers:
+            if domain is None or viewer.domain == domain:
+                viewer.queue.offer(live)
+        live.settle()
 
     def fail_unconfirmed(self, error: Exception, channels: Iterable[str] | None = None) -> None:
         """Viewers still waiting for their subscription to be confirmed are refused now,
