@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +21,7 @@ from eco_router.entrypoints.http.app import create_app
 from eco_router.entrypoints.resolve import resolve
 from eco_router.entrypoints.settings import load_settings
 from tests.contracts.factories import wait_until
+from tests.environment import clear_settings
 
 JOB = "job-answered"
 SECRET = "ui-message-stream-tests-secret-0123456789"
@@ -30,9 +30,7 @@ Gateway = tuple[httpx.AsyncClient, Container]
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("EVENT_ROUTER_", "REDIS_")) or name == "POD_NAME":
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
 
 
 async def gateway_of(**settings: Any) -> AsyncIterator[Gateway]:
