@@ -215,6 +215,10 @@ class RedisLuaStateStore(StateStore):
                 if event.is_terminal:
                     with_text = with_bytes = True
             asked[event.job_key] = (keys, fields, with_text, with_bytes)
+        if not asked:
+            return {}, {}
+        # On the store's kept connection, as the store call goes: through the pool a
+        # pipeline costs the client about twice its round trip.
         async with self._redis.pipeline(transaction=False) as pipe:
             for keys, fields, with_text, with_bytes in asked.values():
                 pipe.hmget(keys[2], fields)
@@ -223,7 +227,11 @@ class RedisLuaStateStore(StateStore):
                     pipe.hmget(keys[3], _TEXT)
                 if with_bytes:
                     pipe.get(keys[4])
-            replies = iter(await pipe.execute())
+            answered = await self._trips.execute(pipe)
+        refused = next((r for r in answered if isinstance(r, Exception)), None)
+        if refused is not None:
+            raise refused
+        replies = iter(answered)
         records: dict[JobKey, StoredJob] = {}
         renewed: dict[JobKey, int] = {}
         unsized: dict[JobKey, str] = {}
