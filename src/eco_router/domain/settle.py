@@ -45,17 +45,14 @@ class Marker:
 @dataclass(frozen=True, slots=True)
 class StoredText:
     """A job's text as kept: the attempt it belongs to, its last token (seq, id, entry), its
-    bytes (`content`: None when the store did not load them, as it needs them only for a
-    terminal event's check) and their count, which node wrote which stretch (the runs
-    closed, and the node writing now, "" for none, from `run_at` on), and whether it is
-    full."""
+    bytes, which node wrote which stretch (the runs closed, and the node writing now, "" for
+    none, from `run_at` on), and whether it is full."""
 
     attempt: int
     last_seq: int | None = None
     last_id: int | None = None
     last_entry: str | None = None
-    content: bytes | None = b""
-    size: int = 0
+    content: bytes = b""
     runs: tuple[TextRun, ...] = ()
     node: str = ""
     run_at: int = 0
@@ -65,7 +62,7 @@ class StoredText:
         """Every run, the one being written included."""
         if not self.node:
             return self.runs
-        return (*self.runs, TextRun(self.node, self.run_at, self.size))
+        return (*self.runs, TextRun(self.node, self.run_at, len(self.content)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +248,7 @@ class _Settling:
             TextRecord(
                 self.text.attempt,
                 self.text.last_seq,
-                self.text.size + len(self.text_appended),
+                len(self.text.content) + len(self.text_appended),
                 self.text.full,
             )
             if self.text is not None
@@ -351,7 +348,7 @@ class _Settling:
         self.last_id = event_id
         content = event.content.encode()
         text = self.text
-        size = text.size + len(self.text_appended)
+        size = len(text.content) + len(self.text_appended)
         # A node's run closes when another node (or none) writes; an empty one leaves none.
         node = event.node or ""
         runs, run_at = text.runs, text.run_at
@@ -374,9 +371,7 @@ class _Settling:
 
     def _text_bytes(self) -> bytes:
         assert self.text is not None
-        content = self.text.content
-        assert content is not None, "a terminal event's check needs the text's bytes loaded"
-        return content + bytes(self.text_appended)
+        return self.text.content + bytes(self.text_appended)
 
     def changed(self) -> bool:
         before = self.before
@@ -400,12 +395,7 @@ class _Settling:
             dropped += 1
         text = self.text
         if text is not None and self.text_appended:
-            appended = bytes(self.text_appended)
-            text = replace(
-                text,
-                content=None if text.content is None else text.content + appended,
-                size=text.size + len(appended),
-            )
+            text = replace(text, content=text.content + bytes(self.text_appended))
         markers = {**self.markers, **self.new_markers} if self.new_markers else self.markers
         lifecycle = (
             {**self.lifecycle, **self.new_lifecycle} if self.new_lifecycle else self.lifecycle
