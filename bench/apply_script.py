@@ -48,6 +48,15 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
     from eco_router.domain.verdict import in_judging_order
     from eco_router.testing import RedisServer
 
+    try:
+        from eco_router.adapters.redis.connections.command_packing import (
+            pack_commands_with_hiredis,
+        )
+    except ImportError:  # a tree from before the router packed its commands with hiredis
+        pass
+    else:
+        # As the router's connections do (`open_client`): the client figures are the router's.
+        pack_commands_with_hiredis()
     workload = make_workload(events, jobs, seed)
     server = RedisServer()
     server.start()

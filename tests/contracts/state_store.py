@@ -478,6 +478,35 @@ class StateStoreContract(ContractFamilies):
         view = await store.view("chat", "job-1")
         assert (view.text_last_id, view.text_written_ms) == (None, None)
 
+    async def test_a_first_token_that_does_not_fit_leaves_the_text_full_for_later_batches(
+        self,
+    ) -> None:
+        store = await self.make_store(text_max_bytes=4)
+        await self.apply(store, [self.token(1001, "12345")])
+
+        later = await self.apply(store, [self.token(1002, "a")])
+
+        assert later == [TEXT_FULL]
+
+    async def test_a_node_run_ends_where_a_token_without_a_node_comes_and_an_empty_one_leaves_none(
+        self,
+    ) -> None:
+        store = await self.make_store()
+        await self.apply(
+            store,
+            [
+                self.token(1001, "", node="plan"),
+                self.token(1002, "a", node="act"),
+                self.token(1003, "", node=None),
+                self.token(1004, "b", node="act"),
+            ],
+        )
+
+        text = await store.text("chat", "job-1")
+
+        assert text is not None
+        assert text.runs == (TextRun("act", 0, 1), TextRun("act", 1, 2))
+
     async def test_the_text_is_read_with_its_last_token_its_attempt_and_each_nodes_runs(
         self,
     ) -> None:

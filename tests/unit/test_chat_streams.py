@@ -4,6 +4,7 @@ the entries (stage seqs below 1000, tokens from 1001) and its frontend rebuilds 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -392,7 +393,8 @@ class TestMissedLiveEvents:
 class TestTheTextsLimit:
     async def test_tokens_past_the_limit_are_not_routed_and_the_end_says_truncated(self) -> None:
         gw = Gateway()
-        gw.h.store._text_max_bytes = 12  # type: ignore[attr-defined]
+        store = gw.h.store
+        store._limits = dataclasses.replace(store._limits, text_max_bytes=12)  # type: ignore[attr-defined]
         await gw.h.source.prepare()
         viewer = await gw.connected()
         chat = Chat(gw)

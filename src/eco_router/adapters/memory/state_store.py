@@ -1,80 +1,42 @@
-"""In-memory adapter of `StateStore`, judging with the domain rules directly."""
+"""In-memory adapter of `StateStore`: keeps each job's record, state and history, and applies
+the writes `domain.settle` decides."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
 from eco_router.application.errors import TransientError
 from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import Clock, StateStore
-from eco_router.domain.control import lifecycle_event_id
-from eco_router.domain.event import JobEvent
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
-from eco_router.domain.text import (
-    DEFAULT_TEXT_MAX_BYTES,
-    JobText,
-    TextCheck,
-    TextRecord,
-    TextRun,
-    next_event_id,
-    stamp,
-    stamped,
+from eco_router.domain.settle import (
+    JobKey,
+    JobWrite,
+    Limits,
+    StoredJob,
+    gone_candidates,
+    settle,
 )
-from eco_router.domain.verdict import JobRecord, Judgement, Verdict, judge
-
-
-@dataclass(slots=True)
-class _Text:
-    """A job's text and its last token, as the script keeps them."""
-
-    attempt: int
-    last_seq: int | None = None
-    last_id: int | None = None
-    last_entry: str | None = None
-    text: bytearray = field(default_factory=bytearray)
-    runs: list[TextRun] = field(default_factory=list)
-    full: bool = False
-
-    def record(self) -> TextRecord:
-        return TextRecord(self.attempt, self.last_seq, len(self.text), self.full)
-
-    def append(self, content: bytes, node: str | None) -> None:
-        last = self.runs[-1] if self.runs else None
-        if (
-            node is not None
-            and last is not None
-            and last.node == node
-            and last.end == len(self.text)
-        ):
-            self.runs[-1] = TextRun(node, last.start, len(self.text) + len(content))
-        elif node is not None:
-            self.runs.append(TextRun(node, len(self.text), len(self.text) + len(content)))
-        self.text.extend(content)
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText
+from eco_router.domain.verdict import Judgement
 
 
 @dataclass(slots=True)
 class _Job:
-    last_seq: int | None = None
-    last_id: int | None = None
-    applied_by: dict[int, str] = field(default_factory=dict)
-    stamps: dict[int, bytes] = field(default_factory=dict)
-    lifecycle_by: dict[str, str] = field(default_factory=dict)
-    lifecycle_stamps: dict[str, bytes] = field(default_factory=dict)
+    """A job's record and the payloads kept beside it, with when each part expires: the
+    state, history and text with the state TTL, the markers with theirs."""
+
+    record: StoredJob = field(default_factory=StoredJob)
     state: bytes | None = None
     history: list[bytes] = field(default_factory=list)
-    history_bytes: int = 0
-    text: _Text | None = None
-    # The latest applied stage event ends the job; a token was judged after that end.
-    ended: bool = False
-    written_after_end: bool = False
     state_expires_ms: int = 0
     markers_expire_ms: int = 0
 
 
 class InMemoryStateStore(StateStore):
-    """Snapshots, histories and markers in dicts, with the same TTLs as the Redis store; the
+    """Records, snapshots and histories in dicts, with the same TTLs as the Redis store; the
     fencing epochs and pending entries it checks are those of `group` on `streams`."""
 
     def __init__(
@@ -98,10 +60,8 @@ class InMemoryStateStore(StateStore):
         self._clock = clock
         self._state_ttl_ms = state_ttl_s * 1000
         self._markers_ttl_ms = markers_ttl_s * 1000
-        self._history_size = history_size
-        self._history_max_bytes = history_max_bytes
-        self._text_max_bytes = text_max_bytes
-        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._limits = Limits(history_size, history_max_bytes, text_max_bytes)
+        self._jobs: dict[JobKey, _Job] = {}
 
     async def apply(
         self,
@@ -116,117 +76,47 @@ class InMemoryStateStore(StateStore):
         gaps = frozenset(
             s for s in fence if s not in fenced and s in starts and self._gap(s, starts[s])
         )
-        judgements: list[Judgement | None] = []
-        stamps: list[bytes | None] = []
-        for item in events:
-            stream = item.event.stream
-            if stream in fenced or stream in gaps or stream not in fence:
-                judgements.append(None)
-                stamps.append(None)
-                continue
-            job = self._job(item.event.domain, item.event.job_id)
-            judgement = judge(
-                item.event, self._record(job, item.event), text_max_bytes=self._text_max_bytes
-            )
-            judgements.append(judgement)
-            stamps.append(self._settle(job, item, judgement))
+        judged = [
+            n
+            for n, item in enumerate(events)
+            if item.event.stream in fence
+            and item.event.stream not in fenced
+            and item.event.stream not in gaps
+        ]
+        settling = [events[n] for n in judged]
+        records = {e.event.job_key: self._job(*e.event.job_key).record for e in settling}
+        gone = frozenset(
+            entry
+            for stream, entry in gone_candidates(settling, records)
+            if self._streams.never_held(stream, entry)
+        )
+        settled = settle(settling, records, self._limits, gone)
+        for write in settled.writes:
+            self._store(write)
+        judgements: list[Judgement | None] = [None] * len(events)
+        stamps: list[bytes | None] = [None] * len(events)
+        for n, judgement, fields in zip(judged, settled.judgements, settled.stamps, strict=True):
+            judgements[n] = judgement
+            stamps[n] = fields
         unheld = {e.event.stream for e in events} - set(fence)
         return Applied(judgements, fenced | unheld, gaps, stamps)
 
-    def _settle(self, job: _Job, item: EncodedEvent, judgement: Judgement) -> bytes | None:
-        """Apply what `judgement` says to `job`; the published event's stamp, if it is."""
-        event = item.event
+    def _store(self, write: JobWrite) -> None:
+        """Apply one job's write; every write renews the job's TTLs (as the Redis store's do,
+        a text made full by a token that was not routed included)."""
+        job = self._jobs[write.job]
+        job.record = write.record
+        if write.state is not None:
+            job.state = write.state
+        if write.appended:
+            job.history.extend(write.appended)
+            del job.history[: write.dropped]
         now = self._clock.now_ms()
-        if event.is_token:
-            return self._settle_token(job, event, judgement, now)
-        if event.is_lifecycle:
-            return self._settle_lifecycle(job, item, judgement, now)
-        if judgement.takes_over:
-            job.applied_by[event.seq] = event.stream_id
-        if not judgement.apply:
-            if not judgement.publish:
-                return None
-            # A marker from before event ids: the event was published with its seq as id.
-            return job.stamps.get(event.seq, b'"event_id":%d,' % event.seq)
-        event_id = next_event_id(job.last_id, event.seq)
-        check = None
-        if event.is_terminal and job.text is not None:
-            check = TextCheck.of(bytes(job.text.text), truncated=job.text.full)
-        fields = stamp(event_id, job.last_id, text_check=check)
-        job.last_id = event_id
-        job.last_seq = event.seq
-        job.ended, job.written_after_end = event.is_terminal, False
-        job.applied_by[event.seq] = event.stream_id
-        job.stamps[event.seq] = fields
-        job.state = stamped(item.payload, fields)
-        self._append(job, job.state)
-        job.state_expires_ms = now + self._state_ttl_ms
+        renewed = now + self._state_ttl_ms
+        job.state_expires_ms = (
+            renewed if write.stage_applied else max(job.state_expires_ms, renewed)
+        )
         job.markers_expire_ms = now + self._markers_ttl_ms
-        return fields
-
-    def _settle_lifecycle(
-        self, job: _Job, item: EncodedEvent, judgement: Judgement, now: int
-    ) -> bytes | None:
-        """A lifecycle event goes to the history with its own marker; the job's state (its
-        latest stage event) and stage seqs stay as they were."""
-        marker = item.event.lifecycle_marker
-        if judgement.takes_over:
-            job.lifecycle_by[marker] = item.event.stream_id
-        if not judgement.apply:
-            return job.lifecycle_stamps.get(marker) if judgement.publish else None
-        event_id = lifecycle_event_id(job.last_id)
-        fields = stamp(event_id, job.last_id)
-        job.last_id = event_id
-        job.lifecycle_by[marker] = item.event.stream_id
-        job.lifecycle_stamps[marker] = fields
-        self._append(job, stamped(item.payload, fields))
-        job.state_expires_ms = max(job.state_expires_ms, now + self._state_ttl_ms)
-        job.markers_expire_ms = now + self._markers_ttl_ms
-        return fields
-
-    def _settle_token(
-        self, job: _Job, event: JobEvent, judgement: Judgement, now: int
-    ) -> bytes | None:
-        if judgement.first_after_end:
-            job.written_after_end = True
-        if judgement.verdict is Verdict.STALE:
-            return None
-        if judgement.restarts or job.text is None:
-            job.text = _Text(event.attempt)
-        text = job.text
-        if judgement.fills:
-            text.full = True
-        if not judgement.apply:
-            return None
-        event_id = next_event_id(job.last_id, event.seq)
-        fields = stamp(event_id, job.last_id, restart=judgement.restarts)
-        job.last_id = event_id
-        text.append(event.content.encode(), event.node)
-        text.last_seq, text.last_id, text.last_entry = event.seq, event_id, event.stream_id
-        job.state_expires_ms = max(job.state_expires_ms, now + self._state_ttl_ms)
-        job.markers_expire_ms = now + self._markers_ttl_ms
-        return fields
-
-    def _record(self, job: _Job, event: JobEvent) -> JobRecord:
-        """The job's record, with the entry that applied `event`'s seq among the gone ones
-        when it is another entry the stream never held (as the script checks it)."""
-        text = job.text.record() if job.text is not None else TextRecord()
-        if event.is_token:
-            return JobRecord(
-                job.last_seq,
-                None,
-                text=text,
-                ended=job.ended,
-                written_after_end=job.written_after_end,
-            )
-        if event.is_lifecycle:
-            by = job.lifecycle_by.get(event.lifecycle_marker)
-        else:
-            by = job.applied_by.get(event.seq)
-        gone: frozenset[str] = frozenset()
-        if by is not None and by != event.stream_id and self._streams.never_held(event.stream, by):
-            gone = frozenset({by})
-        return JobRecord(job.last_seq, job.applied_by, gone, text, job.lifecycle_by)
 
     def _gap(self, stream: str, start: ReadStart) -> bool:
         """Whether the first entry pending after the read's start is not the read's first."""
@@ -237,21 +127,12 @@ class InMemoryStateStore(StateStore):
         except (NoGroup, WrongType):
             return False
 
-    def _append(self, job: _Job, payload: bytes) -> None:
-        """Append, then drop the oldest beyond the count or the bytes; the newest stays."""
-        job.history.append(payload)
-        job.history_bytes += len(payload)
-        while len(job.history) > 1 and (
-            len(job.history) > self._history_size or job.history_bytes > self._history_max_bytes
-        ):
-            job.history_bytes -= len(job.history.pop(0))
-
     async def view(self, domain: str, job_id: str) -> JobView:
         self.views += 1
         if not self.available:
             raise TransientError("in-memory state store marked unavailable")
         job = self._job(domain, job_id)
-        text = job.text
+        text = job.record.text
         if text is None or text.last_id is None:
             return JobView(state=job.state, history=list(job.history))
         assert text.last_entry is not None
@@ -265,23 +146,32 @@ class InMemoryStateStore(StateStore):
     async def text(self, domain: str, job_id: str) -> JobText | None:
         if not self.available:
             raise TransientError("in-memory state store marked unavailable")
-        text = self._job(domain, job_id).text
+        text = self._job(domain, job_id).record.text
         if text is None or text.last_id is None or text.last_seq is None:
             return None
         return JobText(
-            bytes(text.text), text.last_id, text.last_seq, text.attempt, tuple(text.runs), text.full
+            text.content, text.last_id, text.last_seq, text.attempt, text.spans(), text.full
         )
 
     def _job(self, domain: str, job_id: str) -> _Job:
-        key = (domain, job_id)
-        job = self._jobs.setdefault(key, _Job())
+        """The job, with what expired gone."""
+        job = self._jobs.setdefault((domain, job_id), _Job())
         now = self._clock.now_ms()
-        if (job.state is not None or job.text is not None or job.history) and (
+        record = job.record
+        if (job.state is not None or record.text is not None or job.history) and (
             now >= job.state_expires_ms
         ):
-            job.state, job.history, job.history_bytes, job.text = None, [], 0, None
-        if job.last_id is not None and now >= job.markers_expire_ms:
-            job.applied_by, job.stamps, job.last_seq, job.last_id = {}, {}, None, None
-            job.lifecycle_by, job.lifecycle_stamps = {}, {}
-            job.ended, job.written_after_end = False, False
+            job.state, job.history = None, []
+            record = replace(record, history_sizes=(), text=None)
+        if record.last_id is not None and now >= job.markers_expire_ms:
+            record = replace(
+                record,
+                last_seq=None,
+                last_id=None,
+                markers={},
+                lifecycle={},
+                ended=False,
+                written_after_end=False,
+            )
+        job.record = record
         return job
