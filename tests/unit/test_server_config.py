@@ -7,8 +7,16 @@ import os
 import resource
 
 import pytest
+import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from eco_router.entrypoints.http.connection_guard import (
+    ConnectionGuards,
+    ConnectionLayer,
+    GuardedConnection,
+)
 from eco_router.entrypoints.http.request_limits import RequestLimits
 from eco_router.entrypoints.http.server_config import (
     MIN_REFUSED,
@@ -17,10 +25,6 @@ from eco_router.entrypoints.http.server_config import (
     connection_limits,
     files_needed,
     server_config,
-)
-from eco_router.entrypoints.http.uvicorn_protocols import (
-    HeaderTimeoutProtocol,
-    HttpToolsHeaderTimeoutProtocol,
 )
 from eco_router.entrypoints.settings import ConfigError, load_settings
 
@@ -99,6 +103,18 @@ class TestSettings:
         assert load_settings().http_max_connections_per_client == 0
 
 
+def guarded(config: uvicorn.Config) -> type[GuardedConnection]:
+    """The protocol class `config` gives uvicorn: the gateway's guard around uvicorn's own."""
+    protocol = config.http
+    assert isinstance(protocol, type)
+    assert issubclass(protocol, GuardedConnection)
+    return protocol
+
+
+def guards_of(config: uvicorn.Config) -> ConnectionGuards:
+    return guarded(config).guards
+
+
 class TestServerConfig:
     def test_the_settings_become_uvicorns_limits_and_the_header_timeout(self) -> None:
         settings = load_settings(
@@ -110,8 +126,11 @@ class TestServerConfig:
 
         config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
 
-        assert config.http is HttpToolsHeaderTimeoutProtocol
-        assert config.header_timeout_s == 2.5
+        assert guarded(config).server_protocol is HttpToolsProtocol
+        assert isinstance(config.app, ConnectionLayer)
+        # No upgrade hands a connection to another protocol, past the guard.
+        assert config.ws == "none"
+        assert guards_of(config).header_timeout_s == 2.5
         assert config.timeout_keep_alive == 3
         assert config.timeout_graceful_shutdown == 25
         # uvicorn refuses once this many are open, the asking one included: 50 are served.
@@ -130,10 +149,10 @@ class TestServerConfig:
 
         config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
 
-        assert config.request_limits == settings.request_limits
+        assert guards_of(config).limits == settings.request_limits
         # h11 would hold a head as long as its own limit: never longer than the gateway's.
         assert config.h11_max_incomplete_event_size == 4096
-        clients = config.client_connections
+        clients = guards_of(config).clients
         assert all(clients.admit("192.0.2.7") for _ in range(40))
         assert not clients.admit("192.0.2.7")
         assert clients.admit("10.1.2.3")  # a trusted proxy: never capped
@@ -143,14 +162,14 @@ class TestServerConfig:
 
         config = server_config(FastAPI(), settings, host="127.0.0.1", port=8000)
 
-        assert config.http is HeaderTimeoutProtocol
+        assert guarded(config).server_protocol is H11Protocol
 
     def test_past_twice_the_cap_connections_are_dropped(self) -> None:
         config = server_config(
             FastAPI(), load_settings(http_max_connections=50), host="127.0.0.1", port=8000
         )
 
-        assert config.drop_above == 100
+        assert guards_of(config).drop_above == 100
         assert config.backlog == accept_backlog(50) == 16
 
 

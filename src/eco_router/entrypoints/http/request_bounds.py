@@ -1,5 +1,6 @@
 """Holding one request to its limits (`request_limits.py`) and one address to its connections:
-the rules behind the gateway's HTTP protocols (`protocols.py`), as values and pure functions."""
+the rules behind the gateway's connection guard (`connection_guard.py`), as values and pure
+functions."""
 
 from __future__ import annotations
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import logging
+import math
 import resource
 from dataclasses import dataclass
-from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from eco_router.entrypoints.event_loop import uvicorn_loop
-from eco_router.entrypoints.http.frame_writer import ConnectionWrites
-from eco_router.entrypoints.http.parser_choice import HttpParserChoice
+from eco_router.entrypoints.http.connection_guard import (
+    ConnectionGuards,
+    ConnectionLayer,
+    guarded_protocol,
+)
 from eco_router.entrypoints.http.request_bounds import ClientConnections, TrustedAddresses
-from eco_router.entrypoints.http.request_limits import RequestLimits
-from eco_router.entrypoints.http.uvicorn_protocols import http_protocol
 from eco_router.entrypoints.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,6 @@ log = logging.getLogger(__name__)
 _SPARE_FDS = 64
 # Past the cap, at least this many connections get their 503 before any is closed unanswered.
 MIN_REFUSED = 16
-DEFAULT_REQUEST_LIMITS = RequestLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,43 +47,6 @@ class ConnectionLimits:
         return cls(cap, cap + MIN_REFUSED)
 
 
-class GatewayConfig(uvicorn.Config):
-    """uvicorn's configuration plus the request header read timeout it lacks, what one
-    request may send, the number of connections past which a new one is dropped unanswered
-    (in all, and per client address), and what its connections share for live frames written
-    straight to them (the turn's batch, the keepalive sweep)."""
-
-    def __init__(
-        self,
-        app: Any,
-        *,
-        header_timeout_s: float,
-        limits: ConnectionLimits,
-        parser: HttpParserChoice = "httptools",
-        requests: RequestLimits = DEFAULT_REQUEST_LIMITS,
-        max_connections_per_client: int = 0,
-        **options: Any,
-    ) -> None:
-        # uvicorn answers 503 once this many are open, counting the one asking.
-        super().__init__(
-            app,
-            http=http_protocol(parser),
-            limit_concurrency=limits.cap + 1,
-            backlog=accept_backlog(limits.cap),
-            # h11 holds a head whole before it parses it; the head's limit is met first.
-            h11_max_incomplete_event_size=requests.max_head_bytes,
-            **options,
-        )
-        self.header_timeout_s = header_timeout_s
-        self.drop_above = limits.drop_above
-        self.request_limits = requests
-        # The proxies whose X-Forwarded-For uvicorn trusts carry many clients' connections.
-        self.client_connections = ClientConnections(
-            max_connections_per_client, TrustedAddresses(self.forwarded_allow_ips)
-        )
-        self.connection_writes = ConnectionWrites()
-
-
 def accept_backlog(max_connections: int) -> int:
     """How many connections wait to be accepted, and how many asyncio accepts in one go
     before any of them can be dropped: kept in proportion to the cap."""
@@ -95,23 +59,47 @@ def files_needed(limits: ConnectionLimits) -> int:
     return limits.drop_above + 4 * accept_backlog(limits.cap) + _SPARE_FDS
 
 
-def server_config(app: Any, settings: Settings, *, host: str, port: int) -> GatewayConfig:
-    """The uvicorn configuration of the gateway, its limits taken from `settings`."""
-    return GatewayConfig(
-        app,
+def server_config(app: ASGIApp, settings: Settings, *, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's configuration for the gateway, its limits taken from `settings`: its own
+    settings where it has them, the rest held by the gateway's connection guard around its
+    protocol and by an ASGI layer around `app` (`connection_guard.py`), both given to it
+    through its public settings (`http`, the app)."""
+    limits = connection_limits(settings.http_max_connections)
+    requests = settings.request_limits
+    guards = ConnectionGuards(
+        header_timeout_s=settings.http_header_timeout_s,
+        limits=requests,
+        drop_above=limits.drop_above,
+    )
+    config = uvicorn.Config(
+        ConnectionLayer(app, max_body_bytes=requests.max_body_bytes),
         host=host,
         port=port,
         log_level=settings.log_level.lower(),
         loop=uvicorn_loop(settings.event_loop),
-        # Streams get their end as the shutdown begins; writing thousands of ends takes time.
-        timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
-        header_timeout_s=settings.http_header_timeout_s,
-        parser=settings.http_parser,
+        http=guarded_protocol(settings.http_parser, guards),
+        # The layer returns the app's coroutine instead of being one (see ConnectionLayer). Its
+        # requests find their connection in the context their task copies: uvicorn's
+        # `reset_contextvars` stays off.
+        interface="asgi3",
+        # An upgrade would hand the connection to another protocol, past the guard.
+        ws="none",
+        # uvicorn answers 503 once this many are open, counting the one asking.
+        limit_concurrency=limits.cap + 1,
+        backlog=accept_backlog(limits.cap),
+        # h11 holds a head whole before it parses it; the head's limit is met first.
+        h11_max_incomplete_event_size=requests.max_head_bytes,
         timeout_keep_alive=settings.http_idle_timeout_s,
-        limits=connection_limits(settings.http_max_connections),
-        requests=settings.request_limits,
-        max_connections_per_client=settings.http_max_connections_per_client,
+        # Streams get their end as the shutdown begins; writing thousands of ends takes time.
+        # (whole seconds, as uvicorn takes them; a fraction rounds up)
+        timeout_graceful_shutdown=math.ceil(settings.http_shutdown_timeout_s),
     )
+    # The proxies whose X-Forwarded-For uvicorn trusts (FORWARDED_ALLOW_IPS, read by it) carry
+    # many clients' connections.
+    guards.clients = ClientConnections(
+        settings.http_max_connections_per_client, TrustedAddresses(config.forwarded_allow_ips)
+    )
+    return config
 
 
 def connection_limits(wanted: int) -> ConnectionLimits:
