@@ -360,11 +360,15 @@ class Exchange:
         self.disconnected = False
         self.writer: TransportFrameWriter | None = None
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's `send`: a body message before the last goes straight to the server (its
+        own coroutine, no frame of this one); the start and the last are marked."""
+        if self.response_started and message.get("more_body", False):
+            return self._send(message)
+        return self._marked(message)
+
+    async def _marked(self, message: Message) -> None:
         if self.response_started:
-            if message.get("more_body", False):
-                await self._send(message)
-                return
             # The last message: nothing is written beside the response from now on.
             self.response_complete = True
             await self._send(message)
