@@ -325,6 +325,7 @@ class GuardedConnection(asyncio.Protocol):
         """The client has gone (or was refused): the server and the response under way hear
         of it, once."""
         self._disarm()
+        self._framing.close()
         exchange, self._exchange = self._exchange, None
         if exchange is not None:
             exchange.disconnected = True

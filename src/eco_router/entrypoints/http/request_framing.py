@@ -62,6 +62,10 @@ class RequestFraming:
             self._parser = None
         return None
 
+    def close(self) -> None:
+        """The connection is gone: the parser (which holds this object's callbacks) goes."""
+        self._parser = None
+
     # llhttp's callbacks, in the order it makes them for each request.
     def on_message_begin(self) -> None:
         self.phase = Phase.HEAD
