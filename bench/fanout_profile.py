@@ -36,7 +36,7 @@ from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetr
 from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
 from eco_router.adapters.system_clock import SystemClock
 from eco_router.application.ports import EventFeed, FeedSubscription
-from eco_router.application.stream_job_events import JobStream, StreamJobEvents
+from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites, TransportFrameWriter
 
 DOMAIN = "scan"
@@ -101,11 +101,6 @@ def payload(event_id: int) -> bytes:
     )
 
 
-async def _drain(stream: JobStream) -> None:
-    async for _ in stream:
-        pass
-
-
 async def measure(viewers: int, events: int, rounds: int, profile: bool) -> list[float]:
     clock = SystemClock()
     decoder = OrjsonEventDecoder()
@@ -128,9 +123,9 @@ async def measure(viewers: int, events: int, rounds: int, profile: bool) -> list
     for _ in range(viewers):
         stream = await use_case.open(DOMAIN, JOB)
         transport = _Transport()
-        stream.writer = TransportFrameWriter(_Cycle(), transport, _Flow(), writes)
+        writer = TransportFrameWriter(_Cycle(), transport, _Flow(), writes)
         transports.append(transport)
-        tasks.append(asyncio.create_task(_drain(stream)))
+        tasks.append(asyncio.create_task(stream.run(writer)))
     for _ in range(3):
         await asyncio.sleep(0)
     figures = []

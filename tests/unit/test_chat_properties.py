@@ -39,6 +39,7 @@ from eco_router.application.ports import FrameWriter
 from eco_router.application.route_batch import RouteBatch
 from eco_router.application.stream_job_events import JobStream
 from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
+from eco_router.domain.sse import Frame as SseFrame
 from eco_router.domain.verdict import in_judging_order
 from tests.unit.factories import START_MS, make_event
 from tests.unit.test_chat_streams import Frame, frames_of, last_event_id, text_seen
@@ -331,10 +332,16 @@ class Connection(FrameWriter):
     def writable(self) -> bool:
         return True
 
-    def write(self, frame: bytes) -> None:
-        self._chunks.append(frame)
+    async def drained(self) -> None:
+        pass
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
+    def write(self, frame: SseFrame) -> None:
+        self._chunks.append(frame.encoded)
+
+    def write_all(self, frames: Sequence[SseFrame]) -> None:
+        self._chunks.append(b"".join(frame.encoded for frame in frames))
+
+    def keep_alive(self, every_s: float) -> None:
         pass
 
     def stop_keepalive(self) -> None:
@@ -344,7 +351,8 @@ class Connection(FrameWriter):
 @dataclass
 class Browser:
     """One viewer across its connections: every chunk it got, and its open connection
-    (`direct`: live events are written straight to it)."""
+    (`direct`: one that always takes writes, so live events go straight to it; else one that
+    takes a chunk at a time, as its reader reads them)."""
 
     gw: Gateway
     direct: bool = True
@@ -372,8 +380,6 @@ class Browser:
 
     async def _open(self, last_id: int | None) -> JobStream:
         self.stream = await self.gw.stream.open("scan", JOB, last_id)
-        if self.direct:
-            self.stream.writer = Connection(self.chunks)
         return self.stream
 
     async def _open_and_read(self, last_id: int | None) -> None:
@@ -381,8 +387,11 @@ class Browser:
 
     async def _read(self, stream: JobStream) -> None:
         try:
-            async for chunk in stream:
-                self.chunks.append(chunk)
+            if self.direct:
+                await stream.run(Connection(self.chunks))
+            else:
+                async for chunk in stream:
+                    self.chunks.append(chunk)
         finally:
             await stream.aclose()
 

@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
+from eco_router.domain.sse import Frame
 from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
 from eco_router.entrypoints.http.server_config import server_config
 from eco_router.entrypoints.settings import load_settings
@@ -122,7 +123,7 @@ class TestFrameWriter:
             assert not writer.writable()  # no head yet
             await send({"type": "http.response.start", "status": 200, "headers": []})
             assert writer.writable()
-            writer.write(b"data: 1\n\n")
+            writer.write(Frame(1, "m", b"1", b"data: 1\n\n"))
             await asyncio.sleep(0.01)  # the turn's batch goes out
             await send({"type": "http.response.body", "body": b"data: 2\n\n", "more_body": True})
             await send({"type": "http.response.body", "body": b""})

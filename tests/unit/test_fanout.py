@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import orjson
 import pytest
@@ -19,7 +19,7 @@ from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
 from eco_router.application.ports import EventDecoder, EventFeed, FeedSubscription, FrameWriter
 from eco_router.application.stream_job_events import JobStream, StreamJobEvents
-from eco_router.domain.sse import GatewayEvent
+from eco_router.domain.sse import Frame, GatewayEvent
 from tests.unit.factories import START_MS, eventually
 
 CHANNEL = "events:job-1"
@@ -51,18 +51,26 @@ class CallLog(InMemoryGatewayMetrics):
 
 
 class Connection(FrameWriter):
-    """A connection that takes every frame, keeping each one given."""
+    """A connection that takes every frame, keeping each one given: live ones (`write`, from
+    the feed's fan-out) apart from the stream's own (`write_all`)."""
 
     def __init__(self) -> None:
-        self.frames: list[bytes] = []
+        self.frames: list[Frame] = []
+        self.own: list[Frame] = []
 
     def writable(self) -> bool:
         return True
 
-    def write(self, frame: bytes) -> None:
+    async def drained(self) -> None:
+        return None
+
+    def write(self, frame: Frame) -> None:
         self.frames.append(frame)
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        self.own += frames
+
+    def keep_alive(self, every_s: float) -> None:
         return None
 
     def stop_keepalive(self) -> None:
@@ -134,9 +142,8 @@ class Fanout:
         for _ in range(viewers):
             opened = await self.stream.open("scan", "job-1")
             connection = Connection()
-            opened.writer = connection
             self.connections.append(connection)
-            self._readers.append(asyncio.create_task(_read(opened)))
+            self._readers.append(asyncio.create_task(_run(opened, connection)))
         await eventually(lambda: self.metrics.active == viewers)
         for _ in range(3):
             await asyncio.sleep(0)
@@ -147,10 +154,9 @@ class Fanout:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
 
-async def _read(stream: JobStream) -> None:
+async def _run(stream: JobStream, connection: Connection) -> None:
     try:
-        async for _ in stream:
-            pass
+        await stream.run(connection)
     finally:
         await stream.aclose()
 
@@ -179,8 +185,8 @@ class TestOncePerEvent:
         assert fanout.decoder.calls - decoded_before == 3
         for n in range(3):
             frames = {id(c.frames[n]) for c in fanout.connections}
-            assert len(frames) == 1, "every viewer is written the same bytes object"
-        assert fanout.connections[0].frames[0].startswith(b"id: 1\nevent: scan\n")
+            assert len(frames) == 1, "every viewer is written the same frame"
+        assert fanout.connections[0].frames[0].encoded.startswith(b"id: 1\nevent: scan\n")
 
     async def test_live_events_are_counted_once_per_event_with_the_number_of_viewers(
         self, fanout: Fanout

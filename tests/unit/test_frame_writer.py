@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from starlette.types import Message
 
+from eco_router.application.ports import FrameWriter
+from eco_router.domain.sse import KEEPALIVE_FRAME, Frame
 from eco_router.entrypoints.http.frame_writer import (
     ConnectionWrites,
     TransportFrameWriter,
@@ -49,12 +51,24 @@ class Cycle:
 @dataclass
 class Flow:
     write_paused: bool = False
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def drained(self) -> None:
+        await self.resumed.wait()
+
+    def resume(self) -> None:
+        self.write_paused = False
+        self.resumed.set()
 
 
 def writer_on(
     wire: Wire, writes: ConnectionWrites, *, flow: Flow | None = None
 ) -> TransportFrameWriter:
     return TransportFrameWriter(Cycle(), wire, flow or Flow(), writes)
+
+
+def frame(encoded: bytes) -> Frame:
+    return Frame(None, "message", b"", encoded)
 
 
 async def next_turn() -> None:
@@ -66,8 +80,8 @@ class TestOneWritePerTurn:
         wire = Wire()
         writer = writer_on(wire, ConnectionWrites())
 
-        writer.write(b"data: 1\n\n")
-        writer.write(b"data: 2\n\n")
+        writer.write(frame(b"data: 1\n\n"))
+        writer.write(frame(b"data: 2\n\n"))
         assert wire.log == []
         await next_turn()
 
@@ -80,8 +94,8 @@ class TestOneWritePerTurn:
         writer = writer_on(wire, ConnectionWrites())
         cached = http_chunk.cache_info().currsize
 
-        writer.write(b"data: shared-by-viewers\n\n")
-        writer.write_own(b"id: f.1\ndata: own\n\n")
+        writer.write(frame(b"data: shared-by-viewers\n\n"))
+        writer.write_all([frame(b"id: f.1\n"), frame(b"data: own\n\n")])
         await next_turn()
 
         assert wire.log == [
@@ -94,10 +108,10 @@ class TestOneWritePerTurn:
         first, second = Wire(), Wire()
         to_first, to_second = writer_on(first, writes), writer_on(second, writes)
 
-        to_first.write(b"data: a\n\n")
-        to_second.write(b"data: b\n\n")
+        to_first.write(frame(b"data: a\n\n"))
+        to_second.write(frame(b"data: b\n\n"))
         await next_turn()
-        to_second.write(b"data: c\n\n")
+        to_second.write(frame(b"data: c\n\n"))
         await next_turn()
 
         assert first.log == [http_chunk(b"data: a\n\n")]
@@ -107,23 +121,29 @@ class TestOneWritePerTurn:
         wire = Wire()
         writer = writer_on(wire, ConnectionWrites())
 
-        writer.write(b"data: 1\n\n")
+        writer.write(frame(b"data: 1\n\n"))
         wire.closing = True
         await next_turn()
 
         assert wire.log == []
 
 
+async def never() -> AsyncIterator[bytes]:
+    """The body a response with a writer never reads: its stream runs on the writer."""
+    raise AssertionError("read")
+    yield b""
+
+
 class TestOrderWithTheResponse:
-    async def test_the_responses_own_write_comes_after_the_frames_written_before_it(
+    async def test_the_stream_runs_on_the_writer_and_the_responses_end_comes_after_it(
         self,
     ) -> None:
         wire = Wire()
         writer = writer_on(wire, ConnectionWrites())
 
-        async def frames() -> AsyncIterator[bytes]:
-            writer.write(b"id: 1\ndata: live\n\n")
-            yield b"id: 2\nevent: done\n\n"
+        async def run(on: FrameWriter) -> None:
+            on.write(frame(b"id: 1\ndata: live\n\n"))
+            on.write_all([frame(b"id: 2\nevent: done\n\n")])
 
         async def close() -> None:
             return None
@@ -132,17 +152,40 @@ class TestOrderWithTheResponse:
             await asyncio.Event().wait()
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(frames(), close=close, writer=writer)
+        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
         async with asyncio.timeout(5):
             await response({"type": "http"}, receive, wire.send)
 
+        # Flushed before the response's last message, in one write.
         assert wire.log == [
-            http_chunk(b"id: 1\ndata: live\n\n"),
-            http_chunk(b"id: 2\nevent: done\n\n"),
+            http_chunk(b"id: 1\ndata: live\n\n") + http_chunk(b"id: 2\nevent: done\n\n")
         ]
 
 
-KEEPALIVE = b":\n\n"
+class TestDrained:
+    async def test_a_paused_connection_is_waited_for_until_it_resumes(self) -> None:
+        flow = Flow(write_paused=True)
+        writer = writer_on(Wire(), ConnectionWrites(), flow=flow)
+        assert not writer.writable()
+
+        waiting = asyncio.create_task(writer.drained())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        flow.resume()
+
+        async with asyncio.timeout(5):
+            await waiting
+        assert writer.writable()
+
+    async def test_a_connection_gone_is_not_waited_for(self) -> None:
+        wire = Wire(closing=True)
+        writer = writer_on(wire, ConnectionWrites(), flow=Flow(write_paused=True))
+
+        async with asyncio.timeout(5):
+            await writer.drained()
+
+
+KEEPALIVE = KEEPALIVE_FRAME
 TICK = Keepalives.TICK_S
 
 
@@ -162,7 +205,7 @@ class KeptAlive:
 def kept_alive(flow: Flow | None = None) -> KeptAlive:
     wire, writes = Wire(), ConnectionWrites()
     writer = writer_on(wire, writes, flow=flow)
-    writer.keep_alive(15, KEEPALIVE)
+    writer.keep_alive(15)
     return KeptAlive(wire, writes, writer, asyncio.get_running_loop().time())
 
 
@@ -185,7 +228,7 @@ class TestKeepalives:
     async def test_a_write_puts_off_the_keepalive_by_a_whole_period(self) -> None:
         conn = kept_alive()
 
-        conn.writer.write(b"data: 1\n\n")
+        conn.writer.write(frame(b"data: 1\n\n"))
         conn.writer.send(conn.start + 10)
         conn.sweep(15 + TICK)
         conn.sweep(24.9)
@@ -242,7 +285,7 @@ class TestKeepalives:
         # A short period only makes the test quick: the sweep runs at a quarter of it.
         wire, writes = Wire(), ConnectionWrites()
         writer = writer_on(wire, writes)
-        writer.keep_alive(0.04, KEEPALIVE)
+        writer.keep_alive(0.04)
 
         await eventually(lambda: len(wire.log) >= 2)
 
@@ -257,10 +300,9 @@ class TestDisconnect:
         writer = TransportFrameWriter(cycle, wire, Flow(), ConnectionWrites())
         received: list[str] = []
 
-        async def frames() -> AsyncIterator[bytes]:
-            yield b"id: 1\ndata: first\n\n"
+        async def run(on: FrameWriter) -> None:
+            on.write_all([frame(b"id: 1\ndata: first\n\n")])
             await asyncio.Event().wait()
-            yield b"never"
 
         async def close() -> None:
             closed.set()
@@ -270,7 +312,7 @@ class TestDisconnect:
             await asyncio.Event().wait()
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(frames(), close=close, writer=writer)
+        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
         serving = asyncio.create_task(response({"type": "http"}, receive, wire.send))
         await eventually(lambda: wire.log)
         tasks_while_streaming = len(asyncio.all_tasks())
@@ -288,9 +330,8 @@ class TestDisconnect:
         wire, closed = Wire(), asyncio.Event()
         writer = TransportFrameWriter(Cycle(disconnected=True), wire, Flow(), ConnectionWrites())
 
-        async def frames() -> AsyncIterator[bytes]:
+        async def run(on: FrameWriter) -> None:
             await asyncio.Event().wait()
-            yield b"never"
 
         async def close() -> None:
             closed.set()
@@ -298,7 +339,7 @@ class TestDisconnect:
         async def receive() -> Message:
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(frames(), close=close, writer=writer)
+        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
         async with asyncio.timeout(5):
             await response({"type": "http"}, receive, wire.send)
 

@@ -16,8 +16,8 @@ from eco_router.domain.job_set import (
     read_stream_id,
     stream_id,
 )
-from eco_router.domain.multiplexed_frames import JobFrame, job_frame, read_frames
-from eco_router.domain.sse import IDLE_FRAME, KEEPALIVE_FRAME, GatewayEvent, event_frame
+from eco_router.domain.multiplexed_frames import job_frame
+from eco_router.domain.sse import IDLE_NOTICE, GatewayEvent, live_frame
 
 SET = JobSet.of([("scan", "b"), ("chat", "a"), ("scan", "a"), ("scan", "b")])
 
@@ -74,16 +74,19 @@ class TestStreamId:
 class TestFramesRetold:
     def test_a_jobs_frames_keep_their_name_and_data_and_take_the_sets_id(self) -> None:
         event = GatewayEvent(event_id=7, stage="vision", status="running", data=b'{"seq":7}')
-        chunk = event_frame(event) + KEEPALIVE_FRAME + IDLE_FRAME
-        frames = read_frames(chunk)
-        assert frames == [
-            JobFrame(7, b"vision", b'{"seq":7}'),
-            JobFrame(None, b"error", b'{"error":"idle"}'),
-        ]
-        assert job_frame(frames[0], domain="scan", job_id="J", stream_id="f.7") == (
+
+        retold = job_frame(live_frame(event), domain="scan", job_id="J", stream_id="f.7")
+
+        assert retold.encoded == (
             b'id: f.7\nevent: vision\ndata: {"domain":"scan","job_id":"J","data":{"seq":7}}\n\n'
         )
+        assert (retold.event_id, retold.name) == (7, "vision")
 
-    def test_a_frame_not_of_a_jobs_stream_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="not a job's frame"):
-            read_frames(b"retry: 10\n\n")
+    def test_a_notice_is_retold_with_the_job_named(self) -> None:
+        retold = job_frame(IDLE_NOTICE, domain="scan", job_id="J", stream_id="f.7")
+
+        assert retold.encoded == (
+            b"id: f.7\nevent: error\n"
+            b'data: {"domain":"scan","job_id":"J","data":{"error":"idle"}}\n\n'
+        )
+        assert retold.event_id is None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from eco_router.application.port_values import EncodedEvent, FeedGap
 from eco_router.application.ports import EventFeed, FeedSubscription, FrameWriter
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
-from eco_router.domain.sse import KEEPALIVE_FRAME, GatewayEvent
+from eco_router.domain.sse import KEEPALIVE_FRAME, Frame, GatewayEvent
 from tests.unit.factories import GROUP, START_MS, Harness, eventually, make_event
 
 DONE = {"stage": "done", "status": "done"}
@@ -173,10 +172,16 @@ def _describe(frame: bytes) -> str:
 # --- a feed on simulated time ---------------------------------------------------------------
 
 
-class ScriptedSubscription(FeedSubscription):
-    """Hands out scripted items at scripted monotonic times; waiting moves the ManualClock."""
+# What happens meanwhile at a scripted time (the router routes, the store goes away).
+Action = Callable[[], Awaitable[None]]
+Step = GatewayEvent | FeedGap | Action
 
-    def __init__(self, clock: ManualClock, script: Sequence[tuple[float, GatewayEvent | FeedGap]]):
+
+class ScriptedSubscription(FeedSubscription):
+    """Hands out scripted items at scripted monotonic times, and runs scripted actions at
+    theirs; waiting moves the ManualClock."""
+
+    def __init__(self, clock: ManualClock, script: Sequence[tuple[float, Step]]):
         self._clock = clock
         self._script = deque(sorted(script, key=lambda step: step[0]))
         self.waits = 0
@@ -188,10 +193,14 @@ class ScriptedSubscription(FeedSubscription):
             raise AssertionError("the stream never ended")
         assert timeout_s > 0, "waiting for nothing would spin"
         now = self._clock.monotonic()
-        if self._script and self._script[0][0] <= now + timeout_s:
+        while self._script and self._script[0][0] <= now + timeout_s:
             at, item = self._script.popleft()
             self._clock.advance(round(max(0.0, at - now) * 1000))
-            return item
+            if isinstance(item, GatewayEvent | FeedGap):
+                return item
+            await item()
+            timeout_s -= at - now
+            now = at
         self._clock.advance(round(timeout_s * 1000))
         return None
 
@@ -205,7 +214,7 @@ class ScriptedFeed(EventFeed):
     def __init__(
         self,
         clock: ManualClock,
-        script: Sequence[tuple[float, GatewayEvent | FeedGap]] | None = None,
+        script: Sequence[tuple[float, Step]] | None = None,
         on_subscribe: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.subscription = ScriptedSubscription(clock, script or [])
@@ -228,7 +237,7 @@ def gateway_event(**overrides: Any) -> GatewayEvent:
 
 
 async def scripted_gateway(
-    script: Sequence[tuple[float, GatewayEvent | FeedGap]] | None = None,
+    script: Sequence[tuple[float, Step]] | None = None,
     *,
     keepalive_s: float,
     max_wait_s: float,
@@ -594,33 +603,22 @@ class TestTimers:
     @pytest.mark.parametrize(
         ("keepalive_s", "max_wait_s"), [(15, 60), (15, 50), (10, 300), (20, 15), (1, 1)]
     )
-    async def test_an_idle_stream_gets_keepalives_then_a_timeout_error(
+    async def test_an_idle_stream_is_kept_alive_by_its_writer_then_gets_a_timeout_error(
         self, keepalive_s: int, max_wait_s: int
     ) -> None:
         gateway, feed = await scripted_gateway(keepalive_s=keepalive_s, max_wait_s=max_wait_s)
         await gateway.produce("job-1", 1)
+        opened = await gateway.stream.open("scan", "job-1", 1)
+        writer = RecordingWriter()
 
-        frames = await collect(gateway.stream("scan", "job-1", 1))
+        await opened.run(writer)
 
-        keepalives = math.ceil(max_wait_s / keepalive_s) - 1  # one per period before the limit
-        assert frames == ["keepalive"] * keepalives + ["error:timeout"]
+        assert writer.seen == [("stream", "error:timeout")]
+        assert writer.keepalive == keepalive_s
+        assert writer.keepalive_stopped
         assert gateway.h.clock.monotonic() == max_wait_s
         assert feed.subscription.closed
         assert gateway.metrics.closed == Counter({"timeout": 1})
-
-    async def test_a_stream_with_a_writer_leaves_its_keepalives_to_the_writer(self) -> None:
-        gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=60)
-        await gateway.produce("job-1", 1)
-        opened = await gateway.stream.open("scan", "job-1", 1)
-        writer = opened.writer = RecordingWriter()
-
-        frames = describe([frame async for frame in opened])
-
-        assert frames == ["error:timeout"]
-        assert writer.keepalive == (15, KEEPALIVE_FRAME)
-        assert writer.keepalive_stopped
-        assert gateway.h.clock.monotonic() == 60
-        assert feed.subscription.closed
 
     async def test_the_timeout_error_frame_is_exact(self) -> None:
         gateway, _ = await scripted_gateway(keepalive_s=100, max_wait_s=30)
@@ -628,26 +626,6 @@ class TestTimers:
         frames = [frame async for frame in gateway.stream("scan", "job-1", None)]
 
         assert frames[-1] == b'event: error\ndata: {"error":"timeout"}\n\n'
-
-    async def test_a_sent_event_puts_off_the_next_keepalive(self) -> None:
-        gateway, _ = await scripted_gateway(
-            [(15.0, gateway_event(seq=2))], keepalive_s=10, max_wait_s=40
-        )
-        await gateway.produce("job-1", 1)
-
-        clock = gateway.h.clock
-        frames = [
-            (clock.monotonic(), _describe(frame))
-            async for frame in gateway.stream("scan", "job-1", 1)
-        ]
-
-        assert frames == [
-            (10, "keepalive"),
-            (15, "2:scan"),
-            (25, "keepalive"),
-            (35, "keepalive"),
-            (40, "error:timeout"),
-        ]
 
     async def test_the_wait_limit_counts_from_the_connection_not_the_last_event(self) -> None:
         events = [(float(t), gateway_event(seq=t)) for t in range(5, 60, 5)]
@@ -671,7 +649,7 @@ class TestIdleJobs:
 
         frames = await collect(gateway.stream("scan", "job-1", None))
 
-        assert frames == ["1:scan", "keepalive", "keepalive", "error:idle"]
+        assert frames == ["1:scan", "error:idle"]
         assert gateway.h.clock.monotonic() == 600
         assert feed.subscription.closed
         assert gateway.metrics.closed == Counter({"idle": 1})
@@ -777,11 +755,11 @@ class TestIdleJobs:
         gateway, feed = await scripted_gateway(keepalive_s=15, max_wait_s=3600, job_idle_s=600)
         await gateway.produce("job-1", 1)
         opened = await gateway.stream.open("scan", "job-1", 1)
-        opened.writer = RecordingWriter()
+        writer = RecordingWriter()
 
-        frames = describe([frame async for frame in opened])
+        await opened.run(writer)
 
-        assert frames == ["error:idle"]
+        assert writer.seen == [("stream", "error:idle")]
         assert feed.subscription.waits == 1
         assert gateway.h.clock.monotonic() == 600
 
@@ -790,20 +768,25 @@ class TestIdleJobs:
         gateway = Gateway(max_wait_s=60, job_idle_s=0.2)
         await gateway.h.source.prepare()
         opened = await gateway.stream.open("scan", "job-1")
-        writer = opened.writer = RecordingWriter()
-        viewer = Viewer(opened)
-        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        writer = RecordingWriter()
+        run = asyncio.create_task(opened.run(writer))
+        await eventually(lambda: writer.seen == [("stream", "snapshot:null")])
 
         gateway.h.clock.advance(150)
         await gateway.produce("job-1", 1)
-        await eventually(lambda: len(writer.frames) == 1)
+        await eventually(lambda: len(writer.seen) == 2)
         gateway.h.clock.advance(150)  # idle since the connection, not since the event
         await asyncio.sleep(0.3)
-        assert viewer.seen == ["snapshot:null"]
+        assert len(writer.seen) == 2
         gateway.h.clock.advance(100)
 
-        assert await viewer.ended() == ["snapshot:null", "error:idle"]
-        assert describe(writer.frames) == ["1:scan"]
+        async with asyncio.timeout(5):
+            await run
+        assert writer.seen == [
+            ("stream", "snapshot:null"),
+            ("live", "1:scan"),
+            ("stream", "error:idle"),
+        ]
         assert gateway.metrics.closed == Counter({"idle": 1})
 
 
@@ -817,7 +800,7 @@ class TestSlowClients:
         viewer = await gw.connected()
         assert viewer.seen == ["1:scan"]
 
-        # One batch: all five reach the viewer's queue before the viewer reads any.
+        # One batch: all five reach the viewer before its reader takes any.
         for seq in (2, 3, 4, 5):
             gw.h.xadd("job-1", seq)
         gw.h.xadd("job-1", 6, **DONE)
@@ -831,57 +814,58 @@ class TestSlowClients:
             "5:scan",
             "6:done",
         ]
-        assert gw.metrics.dropped == 3  # the oldest three; 5 and done stay queued
+        # 2 goes straight to the connection, whose reader has not taken it yet; of 3, 4, 5
+        # and done, queued behind it, the oldest two are dropped.
+        assert gw.metrics.dropped == 2
         assert gw.metrics.snapshots == 0
-        assert gw.metrics.sent == Counter({"replay": 6})
+        assert gw.metrics.sent == Counter({"replay": 5, "live": 1})
         assert gw.metrics.closed == Counter({"done": 1})
 
     async def test_a_feed_gap_the_history_covers_sends_the_missed_events_and_no_snapshot(
         self,
     ) -> None:
+        async def routed_while_the_feed_was_down() -> None:
+            await gateway.produce("job-1", 3)
+            await gateway.produce("job-1", 4, **DONE)
+
         gateway, _ = await scripted_gateway(
-            [(1.0, FeedGap("reconnect")), (2.0, gateway_event(seq=4, **DONE))],
+            [
+                (0.5, routed_while_the_feed_was_down),
+                (1.0, FeedGap("reconnect")),
+                (2.0, gateway_event(seq=4, **DONE)),
+            ],
             keepalive_s=15,
             max_wait_s=60,
         )
         await gateway.produce("job-1", 1, 2)
 
-        async def collect_while_routing() -> list[str]:
-            frames = []
-            async for frame in gateway.stream("scan", "job-1", None):
-                frames.append(frame)
-                if len(describe(frames)) == 2:  # lost while the feed was down
-                    await gateway.produce("job-1", 3)
-                    await gateway.produce("job-1", 4, **DONE)
-            return describe(frames)
+        frames = await collect(gateway.stream("scan", "job-1", None))
 
-        assert await collect_while_routing() == ["1:scan", "2:scan", "3:scan", "4:done"]
+        assert frames == ["1:scan", "2:scan", "3:scan", "4:done"]
         assert gateway.metrics.snapshots == 0
         assert gateway.metrics.sent == Counter({"replay": 4})
 
     async def test_a_feed_gap_the_history_no_longer_covers_sends_a_snapshot_first(
         self,
     ) -> None:
+        async def routed_while_the_feed_was_down() -> None:
+            # 3 and 4 are trimmed from the history before the gap.
+            await gateway.produce("job-1", 3, 4, 5, 6)
+            await gateway.produce("job-1", 9, **DONE)
+
         gateway, _ = await scripted_gateway(
-            [(1.0, FeedGap("reconnect")), (2.0, gateway_event(seq=9, **DONE))],
+            [
+                (0.5, routed_while_the_feed_was_down),
+                (1.0, FeedGap("reconnect")),
+                (2.0, gateway_event(seq=9, **DONE)),
+            ],
             keepalive_s=15,
             max_wait_s=60,
             history_size=3,
         )
         await gateway.produce("job-1", 1, 2)
 
-        async def collect_while_routing() -> list[str]:
-            frames = []
-            async for frame in gateway.stream("scan", "job-1", None):
-                frames.append(frame)
-                if (
-                    len(describe(frames)) == 2
-                ):  # 3 and 4 are trimmed from the history before the gap
-                    await gateway.produce("job-1", 3, 4, 5, 6)
-                    await gateway.produce("job-1", 9, **DONE)
-            return describe(frames)
-
-        assert await collect_while_routing() == [
+        assert await collect(gateway.stream("scan", "job-1", None)) == [
             "1:scan",
             "2:scan",
             "snapshot:9",
@@ -984,81 +968,126 @@ class TestOutages:
     async def test_a_store_lost_while_catching_up_ends_the_stream_with_reason_error(
         self,
     ) -> None:
-        gateway, feed = await scripted_gateway(
-            [(1.0, FeedGap("reconnect"))], keepalive_s=15, max_wait_s=60
-        )
-        await gateway.produce("job-1", 1)
-        frames = []
-        async for frame in gateway.stream("scan", "job-1", None):
-            frames.append(frame)
+        async def store_lost() -> None:
             gateway.h.store.available = False
 
-        assert describe(frames) == ["1:scan"]
+        gateway, feed = await scripted_gateway(
+            [(0.5, store_lost), (1.0, FeedGap("reconnect"))], keepalive_s=15, max_wait_s=60
+        )
+        await gateway.produce("job-1", 1)
+
+        assert await collect(gateway.stream("scan", "job-1", None)) == ["1:scan"]
         assert feed.subscription.closed
         assert gateway.metrics.closed == Counter({"error": 1})
 
 
 class RecordingWriter(FrameWriter):
-    """A connection's direct writer that records what it was given."""
+    """A connection's writer that records what it was given, and how: `live` straight from
+    the feed's fan-out (`write`), `stream` from the stream's task (`write_all`)."""
 
     def __init__(self, *, writable: bool = True) -> None:
-        self.frames: list[bytes] = []
-        self.open = writable
-        self.keepalive: tuple[float, bytes] | None = None
+        self.writes: list[tuple[str, bytes]] = []
+        self._open = asyncio.Event()
+        if writable:
+            self._open.set()
+        self.keepalive: float | None = None
         self.keepalive_stopped = False
 
+    def open(self, writable: bool) -> None:
+        if writable:
+            self._open.set()
+        else:
+            self._open.clear()
+
+    @property
+    def seen(self) -> list[tuple[str, str]]:
+        return [(how, frame) for how, chunk in self.writes for frame in describe([chunk])]
+
     def writable(self) -> bool:
-        return self.open
+        return self._open.is_set()
 
-    def write(self, frame: bytes) -> None:
-        self.frames.append(frame)
+    async def drained(self) -> None:
+        await self._open.wait()
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
-        self.keepalive = (every_s, frame)
+    def write(self, frame: Frame) -> None:
+        self.writes.append(("live", frame.encoded))
+
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        self.writes.append(("stream", b"".join(frame.encoded for frame in frames)))
+
+    def keep_alive(self, every_s: float) -> None:
+        self.keepalive = every_s
 
     def stop_keepalive(self) -> None:
         self.keepalive_stopped = True
 
 
-class TestWriteThrough:
-    async def test_live_events_go_to_the_writer_and_the_end_through_the_stream(
+class TestOneFramePath:
+    """Every frame goes through the connection's writer: live events straight from the feed's
+    fan-out while the connection takes them, the rest from the stream's task."""
+
+    async def test_live_events_go_straight_to_the_writer_and_the_end_from_the_stream(
         self, gw: Gateway
     ) -> None:
         opened = await gw.stream.open("scan", "job-1")
-        writer = opened.writer = RecordingWriter()
-        viewer = Viewer(opened)
-        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        writer = RecordingWriter()
+        run = asyncio.create_task(opened.run(writer))
+        await eventually(lambda: writer.seen == [("stream", "snapshot:null")])
         await gw.produce("job-1", 1, 2)
-        await eventually(lambda: len(writer.frames) == 2)
+        await eventually(lambda: len(writer.seen) == 3)
         await gw.produce("job-1", 3, **DONE)
-        assert await viewer.ended() == ["snapshot:null", "3:done"]
-        assert describe(writer.frames) == ["1:scan", "2:scan"]
+        async with asyncio.timeout(5):
+            await run
+        assert writer.seen == [
+            ("stream", "snapshot:null"),
+            ("live", "1:scan"),
+            ("live", "2:scan"),
+            ("stream", "3:done"),
+        ]
         assert gw.metrics.sent == Counter({"live": 3})
         assert gw.metrics.closed == Counter({"done": 1})
 
-    async def test_a_writer_that_cannot_write_now_leaves_the_events_to_the_stream(
+    async def test_a_connection_that_cannot_take_writes_holds_the_events_until_drained(
         self, gw: Gateway
     ) -> None:
         opened = await gw.stream.open("scan", "job-1")
-        writer = opened.writer = RecordingWriter(writable=False)
-        viewer = Viewer(opened)
-        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        writer = RecordingWriter()
+        run = asyncio.create_task(opened.run(writer))
+        await eventually(lambda: writer.seen == [("stream", "snapshot:null")])
+        writer.open(False)
         await gw.produce("job-1", 1)
         await gw.produce("job-1", 2, **DONE)
-        assert await viewer.ended() == ["snapshot:null", "1:scan", "2:done"]
-        assert writer.frames == []
+        await asyncio.sleep(0.05)
+        assert writer.seen == [("stream", "snapshot:null")]
+        writer.open(True)
+        async with asyncio.timeout(5):
+            await run
+        assert writer.seen == [
+            ("stream", "snapshot:null"),
+            ("stream", "1:scan"),
+            ("stream", "2:done"),
+        ]
 
-    async def test_once_the_writer_is_full_the_next_events_follow_through_the_stream(
+    async def test_once_the_connection_is_full_the_next_events_follow_in_order(
         self, gw: Gateway
     ) -> None:
         opened = await gw.stream.open("scan", "job-1")
-        writer = opened.writer = RecordingWriter()
-        viewer = Viewer(opened)
-        await eventually(lambda: viewer.seen == ["snapshot:null"])
+        writer = RecordingWriter()
+        run = asyncio.create_task(opened.run(writer))
+        await eventually(lambda: len(writer.seen) == 1)
         await gw.produce("job-1", 1)
-        await eventually(lambda: len(writer.frames) == 1)
-        writer.open = False
+        await eventually(lambda: len(writer.seen) == 2)
+        writer.open(False)
         await gw.produce("job-1", 2, 3)
         await gw.produce("job-1", 4, **DONE)
-        assert await viewer.ended() == ["snapshot:null", "2:scan", "3:scan", "4:done"]
-        assert describe(writer.frames) == ["1:scan"]
+        writer.open(True)
+        async with asyncio.timeout(5):
+            await run
+        assert [frame for _, frame in writer.seen] == [
+            "snapshot:null",
+            "1:scan",
+            "2:scan",
+            "3:scan",
+            "4:done",
+        ]
+        assert writer.seen[1] == ("live", "1:scan")

@@ -9,38 +9,34 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eco_router.domain.sse import GatewayEvent, error_frame, event_frame, snapshot_frame
+from eco_router.domain.sse import Frame, GatewayEvent, live_frame, notice, snapshot
 from eco_router.domain.ui_message_stream import (
     DONE_LINE,
     Part,
-    SseFrame,
     UiText,
     encode,
     opening,
-    sse_frames,
     ui_parts,
 )
 
 JOB = "chat-1"
 
 
-def frame(event_id: int, stage: str, status: str, **fields: Any) -> SseFrame:
-    """One frame of the job's stream, as `StreamJobEvents` writes it, read back."""
+def frame(event_id: int, stage: str, status: str, **fields: Any) -> Frame:
+    """One frame of the job's stream, as `StreamJobEvents` writes it."""
     body = {"event_id": event_id, "job_id": JOB, "stage": stage, "status": status, **fields}
-    event = GatewayEvent(event_id, stage, status, json.dumps(body).encode())
-    (read,) = sse_frames(event_frame(event))
-    return read
+    return live_frame(GatewayEvent(event_id, stage, status, json.dumps(body).encode()))
 
 
-def token(event_id: int, content: str, **fields: Any) -> SseFrame:
+def token(event_id: int, content: str, **fields: Any) -> Frame:
     return frame(event_id, "token", "streaming", content=content, **fields)
 
 
-def recovery(event_id: int, text: str, *, attempt: int = 0) -> SseFrame:
+def recovery(event_id: int, text: str, *, attempt: int = 0) -> Frame:
     return frame(event_id, "token_recovery", "snapshot", accumulated=text, attempt=attempt)
 
 
-def mapped(*frames: SseFrame) -> tuple[list[Part], UiText]:
+def mapped(*frames: Frame) -> tuple[list[Part], UiText]:
     parts: list[Part] = []
     state = UiText()
     for one in frames:
@@ -71,19 +67,6 @@ def held_text(parts: list[Part]) -> str:
 
 
 class TestFrames:
-    def test_a_chunk_of_several_frames_reads_as_each_frame(self) -> None:
-        chunk = (
-            event_frame(GatewayEvent(1, "token", "streaming", b'{"content":"a"}'))
-            + b": keepalive\n\n"
-            + error_frame("timeout")
-        )
-        frames = list(sse_frames(chunk))
-        assert frames == [
-            SseFrame("token", b'{"content":"a"}'),
-            SseFrame(None, None, comment=True),
-            SseFrame("error", b'{"error":"timeout"}'),
-        ]
-
     def test_parts_are_written_as_the_ai_sdk_writes_them(self) -> None:
         assert encode([{"type": "text-delta", "id": "text-1", "delta": "안녕"}]) == (
             b'data: {"type":"text-delta","id":"text-1","delta":"\xec\x95\x88\xeb\x85\x95"}\n\n'
@@ -143,9 +126,8 @@ class TestText:
         ]
 
     def test_stage_events_snapshots_and_announcements_map_to_nothing(self) -> None:
-        (snapshot,) = sse_frames(snapshot_frame(None, JOB))
         parts, state = mapped(
-            snapshot,
+            snapshot(None, JOB),
             frame(1, "queued", "queued"),
             frame(2, "cancel_requested", "requested"),
             frame(3, "needs_input", "waiting"),
@@ -193,8 +175,7 @@ class TestEnds:
         assert state.ended
 
     def test_a_stream_that_gives_up_is_an_error_without_a_finish(self) -> None:
-        (timeout,) = sse_frames(error_frame("timeout"))
-        parts, state = mapped(token(1001, "Hi"), timeout)
+        parts, state = mapped(token(1001, "Hi"), notice("timeout"))
         assert [p["type"] for p in parts[2:]] == ["text-end", "error"]
         assert parts[-1]["errorText"].startswith("timeout: ")
         assert state.ended
@@ -205,13 +186,13 @@ class TestEnds:
 
 
 @st.composite
-def job_streams(draw: st.DrawFn) -> tuple[list[SseFrame], str]:
+def job_streams(draw: st.DrawFn) -> tuple[list[Frame], str]:
     """What one connection to a job's stream may carry: attempts of tokens, some replaced by
     one recovery of the text so far (a resume, a catch-up), a newer attempt restarting the text
     by a recovery or by its first token; and the text the job ends with."""
     alphabet = st.sampled_from(["a", "é", "안", "👍", " ", "z"])
     attempts = draw(st.lists(st.lists(st.text(alphabet, max_size=3), max_size=8), min_size=1))
-    frames: list[SseFrame] = []
+    frames: list[Frame] = []
     event_id = 1000
     text = ""
     for attempt, tokens in enumerate(attempts):
@@ -232,7 +213,7 @@ def job_streams(draw: st.DrawFn) -> tuple[list[SseFrame], str]:
 
 class TestHeldText:
     @given(job_streams())
-    def test_a_reader_holds_exactly_the_jobs_text(self, stream: tuple[list[SseFrame], str]) -> None:
+    def test_a_reader_holds_exactly_the_jobs_text(self, stream: tuple[list[Frame], str]) -> None:
         frames, text = stream
         parts, _ = mapped(*frames)
         assert held_text(parts) == text

@@ -9,7 +9,7 @@ from eco_router.application.errors import PermanentError
 from eco_router.domain.event import JobEvent
 from eco_router.domain.ownership import Lease
 from eco_router.domain.rejection import RejectReason
-from eco_router.domain.sse import GatewayEvent, event_frame
+from eco_router.domain.sse import GatewayEvent, live_frame
 from eco_router.domain.streams import StreamFamily
 from eco_router.domain.verdict import Judgement
 
@@ -240,7 +240,7 @@ class LiveEvent:
 
     def __init__(self, event: GatewayEvent) -> None:
         self.event = event
-        self.frame = event_frame(event)
+        self.frame = live_frame(event)
         self.now_ms: int | None = None
         self.written = 0
         self.report: Callable[[LiveEvent], None] | None = None

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from eco_router.domain.ownership import Lease
     from eco_router.domain.progress import StageEvent
     from eco_router.domain.rejection import RejectReason
-    from eco_router.domain.sse import GatewayEvent
+    from eco_router.domain.sse import Frame, GatewayEvent
     from eco_router.domain.streams import StreamFamily
     from eco_router.domain.text import JobText
     from eco_router.domain.token_entries import TokensPublished
@@ -393,26 +393,32 @@ class ProgressPublisher(Protocol):
 
 @runtime_checkable
 class FrameWriter(Protocol):
-    """Writes a stream's frames straight to its client connection, outside the response's
-    own writes: for live events, with no task switch per viewer."""
+    """Where a stream's frames go: its client's connection, in that connection's terms (a job's
+    own stream, a stream of many jobs, UI message parts). Every frame of every stream goes
+    through one: the replay and catch-ups from the stream's task once `writable` (else after
+    `drained`), live events also straight from the feed's fan-out while the stream waits,
+    with no task switch per viewer. Writes never block and keep their order."""
 
     def writable(self) -> bool:
-        """Whether a frame written now goes out in order: the response has started, is not
-        complete, the client is connected and its send buffer is not full."""
+        """Whether a frame written now goes out without piling up: the client is connected
+        and its connection is not behind (its send buffer, or what is waiting, not full)."""
         ...
 
-    def write(self, frame: bytes) -> None:
-        """Queue one or more whole SSE frames on the connection; never blocks or raises."""
+    async def drained(self) -> None:
+        """Wait until `writable`, or until the client is gone (writes are then dropped)."""
         ...
 
-    def write_own(self, frame: bytes) -> None:
-        """`write` for frames of this connection alone, not shared with other viewers: a
-        writer that keeps the encodings of shared frames need not keep these."""
-        self.write(frame)
+    def write(self, frame: Frame) -> None:
+        """One frame shared with other viewers (a live event): a writer may keep its bytes."""
+        ...
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
-        """From now on, write `frame` whenever nothing went to the connection for `every_s`
-        (or a little longer: idleness is checked periodically), without the stream's task."""
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        """Frames of this connection alone (a replay, a catch-up, a notice), in one write."""
+        ...
+
+    def keep_alive(self, every_s: float) -> None:
+        """From now on, send a keepalive whenever nothing went to the connection for
+        `every_s` (or a little longer: idleness is checked periodically)."""
         ...
 
     def stop_keepalive(self) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from eco_router.application.errors import TransientError
+from eco_router.application.frame_buffer import FrameBuffer
 from eco_router.application.port_values import FeedClosed, FeedGap, JobView, LiveEvent
 from eco_router.application.ports import (
     Clock,
@@ -21,18 +22,18 @@ from eco_router.application.ports import (
 from eco_router.application.presence import ViewerTally
 from eco_router.domain.sse import (
     IDLE,
-    IDLE_FRAME,
-    KEEPALIVE_FRAME,
+    IDLE_NOTICE,
+    Frame,
     GatewayEvent,
     end_reason,
-    error_frame,
-    event_frame,
     idle_left_ms,
     job_end,
+    live_frame,
     missed_before,
     missed_text,
+    notice,
     plan_replay,
-    snapshot_frame,
+    snapshot,
     text_recovery,
 )
 
@@ -68,8 +69,9 @@ class StreamLimits:
 
 
 class StreamJobEvents:
-    """Yield the SSE frames of one job for one client until the job ends (a chunk may hold
-    several frames: the replay, or live events that were already waiting, in one write).
+    """Write the SSE frames of one job for one client until the job ends, every frame through
+    the connection's `FrameWriter`: one path whichever the connection (its own, shared by many
+    jobs, UI message parts) and the one decision of how a live event goes (`ViewerQueue`).
 
     - Subscribe first, then read history and state: nothing published in between is lost.
     - Replay, in seq order, every history event after the client's Last-Event-ID (none: from
@@ -82,7 +84,8 @@ class StreamJobEvents:
       that restarts the text (a retried task), is preceded by a catch-up from the store.
     - A stream that heard nothing of its job for `recheck_s` catches up from the store: an
       end lost on its way from Redis still ends it.
-    - After `done` or a failed event the stream ends; a keepalive comment every `keepalive_s`;
+    - After `done` or a failed event the stream ends; the writer keeps the connection alive
+      (a keepalive comment whenever nothing was sent for `keepalive_s`);
       after `max_wait_s` without a terminal event, `event: error` with `timeout` and the end.
     - A job not heard of for `job_idle_s` without its end is idle (`job_end`): its end may
       have been lost (a failover that lost the last writes) or it was abandoned. A client
@@ -188,7 +191,13 @@ class StreamJobEvents:
         return JobStream(
             subscription,
             self._metrics,
-            lambda stream: self._frames(stream, subscription, domain, job_id, cursor, replay),
+            partial(
+                self._run,
+                subscription=subscription,
+                job=(domain, job_id),
+                cursor=cursor,
+                replay=replay,
+            ),
             left=lambda: self._viewers.closed(domain, job_id),
         )
 
@@ -202,35 +211,34 @@ class StreamJobEvents:
         finally:
             await stream.aclose()
 
-    async def _frames(
+    async def _run(
         self,
         stream: JobStream,
+        writer: FrameWriter,
+        *,
         subscription: FeedSubscription,
-        domain: str,
-        job_id: str,
+        job: tuple[str, str],
         cursor: _Cursor,
-        replay: list[bytes],
-    ) -> AsyncGenerator[bytes]:
-        writer = stream.writer
+        replay: list[Frame],
+    ) -> None:
+        domain, job_id = job
         try:
             if replay:
-                yield b"".join(replay)
+                await _send(writer, replay)
             if cursor.ended:
                 stream.reason = cursor.ended
                 return
-            started = last_write = self._clock.monotonic()
+            started = self._clock.monotonic()
             # A job never heard of is given up as idle counting from here.
             opened_ms = self._clock.now_ms()
-            if writer is not None:
-                subscription.write_through(partial(self._write_through, cursor, writer))
-                # The connection keeps itself alive: on thousands of idle streams, a wake-up
-                # of each one's task per keepalive was most of the gateway's idle CPU.
-                writer.keep_alive(self._limits.keepalive_s, KEEPALIVE_FRAME)
+            subscription.write_through(partial(self._write_through, cursor, writer))
+            # The connection keeps itself alive: on thousands of idle streams, a wake-up of
+            # each one's task per keepalive was most of the gateway's idle CPU.
+            writer.keep_alive(self._limits.keepalive_s)
             while True:
-                now = self._clock.monotonic()
-                wait_left = started + self._limits.max_wait_s - now
+                wait_left = started + self._limits.max_wait_s - self._clock.monotonic()
                 if wait_left <= 0:
-                    yield error_frame("timeout")
+                    await _send(writer, [notice("timeout")])
                     stream.reason = "timeout"
                     return
                 # The same wait, cut short at the idle limit: no timer of its own.
@@ -241,7 +249,7 @@ class StreamJobEvents:
                     idle_after_ms=self._idle_ms,
                 )
                 if idle_left <= 0:
-                    yield IDLE_FRAME
+                    await _send(writer, [IDLE_NOTICE])
                     stream.reason = IDLE
                     return
                 checked_ms = max(heard_ms, cursor.checked_ms)
@@ -249,21 +257,14 @@ class StreamJobEvents:
                 if recheck_left <= 0:
                     frames = await self._catch_up(domain, job_id, cursor, recheck=True)
                     if frames:
-                        yield b"".join(frames)
-                        last_write = self._clock.monotonic()
+                        await _send(writer, frames)
                     if cursor.ended:
                         stream.reason = cursor.ended
                         return
                     continue
-                wait = min(wait_left, idle_left / 1000, recheck_left / 1000)
-                if writer is None:
-                    keepalive_left = last_write + self._limits.keepalive_s - now
-                    if keepalive_left <= 0:
-                        yield KEEPALIVE_FRAME
-                        last_write = now
-                        continue
-                    wait = min(wait, keepalive_left)
-                item = await subscription.next(wait)
+                item = await subscription.next(
+                    min(wait_left, idle_left / 1000, recheck_left / 1000)
+                )
                 if item is None:
                     continue
                 if isinstance(item, FeedClosed):
@@ -278,8 +279,7 @@ class StreamJobEvents:
                     while not cursor.ended and (more := subscription.next_nowait()) is not None:
                         frames += await self._live_or_catch_up(domain, job_id, more, cursor)
                 if frames:
-                    yield frames[0] if len(frames) == 1 else b"".join(frames)
-                    last_write = self._clock.monotonic()
+                    await _send(writer, frames)
                 if cursor.ended:
                     stream.reason = cursor.ended
                     return
@@ -289,13 +289,12 @@ class StreamJobEvents:
             stream.reason = "error"
         finally:
             subscription.write_through(None)
-            if writer is not None:
-                writer.stop_keepalive()
+            writer.stop_keepalive()
             await stream.release()
 
     async def _live_or_catch_up(
         self, domain: str, job_id: str, event: GatewayEvent, cursor: _Cursor
-    ) -> list[bytes]:
+    ) -> list[Frame]:
         """The live event's frame; first a catch-up from the store when it tells that the
         client missed events before it (the event itself is sent after, if the store did
         not have it yet)."""
@@ -314,7 +313,7 @@ class StreamJobEvents:
         *,
         recheck: bool = False,
         view: JobView | None = None,
-    ) -> list[bytes]:
+    ) -> list[Frame]:
         """The frames the client missed, read from the store (or from `view`, read just now).
         A re-check of a quiet stream sends only what is new: the client was told at its
         opening of a job still unknown."""
@@ -340,12 +339,12 @@ class StreamJobEvents:
         )
         frames = []
         if plan.snapshot and not (recheck and state is None):
-            frames.append(snapshot_frame(state, job_id))
+            frames.append(snapshot(state, job_id))
             self._metrics.snapshot_sent()
         sent = 0
         for event in plan.events:
             if cursor.take(event):
-                frames.append(event_frame(event))
+                frames.append(live_frame(event))
                 sent += 1
                 if cursor.ended:
                     break
@@ -358,7 +357,7 @@ class StreamJobEvents:
             # The client already has the end of this job, or the latest event of an idle one.
             cursor.ended = self._end(state, cursor.last_sent, cursor.heard_ms)
             if cursor.ended == IDLE:
-                frames.append(IDLE_FRAME)
+                frames.append(IDLE_NOTICE)
         return frames
 
     def _end(
@@ -403,7 +402,7 @@ class StreamJobEvents:
         if written_ms is not None and live.now_ms is not None:
             self._metrics.delivered(max(0.0, float(live.now_ms - written_ms)))
 
-    def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[bytes]:
+    def _live(self, event: GatewayEvent, cursor: _Cursor) -> list[Frame]:
         if not cursor.take(event):
             if cursor.overtaken(event):
                 self._metrics.event_overtaken()
@@ -414,7 +413,14 @@ class StreamJobEvents:
         self._metrics.events_sent(1, replayed=False)
         if event.written_ms is not None:
             self._metrics.delivered(max(0.0, float(now_ms - event.written_ms)))
-        return [event_frame(event)]
+        return [live_frame(event)]
+
+
+async def _send(writer: FrameWriter, frames: Sequence[Frame]) -> None:
+    """Frames from the stream's task: once the connection takes them, in one write."""
+    if not writer.writable():
+        await writer.drained()
+    writer.write_all(frames)
 
 
 def _latest(*times_ms: int | None) -> int | None:
@@ -423,36 +429,42 @@ def _latest(*times_ms: int | None) -> int | None:
 
 
 class JobStream:
-    """One client's open stream of a job: iterate it for its frames; `aclose` ends it.
+    """One client's open stream of a job: `run` writes its frames to a writer until it ends
+    (iterating it does the same through a `FrameBuffer`); `aclose` ends it.
 
     Ending it releases the subscription, counts the connection closed and calls `left`,
-    exactly once, whether or not the frames were ever iterated.
+    exactly once, whether or not it ever ran.
     """
 
-    __slots__ = ("_frames", "_left", "_metrics", "_released", "_subscription", "reason", "writer")
+    __slots__ = ("_chunks", "_left", "_metrics", "_released", "_run", "_subscription", "reason")
 
     def __init__(
         self,
         subscription: FeedSubscription,
         metrics: GatewayMetrics,
-        frames: Callable[[JobStream], AsyncGenerator[bytes]],
+        run: Callable[[JobStream, FrameWriter], Awaitable[None]],
         *,
         left: Callable[[], None] = lambda: None,
     ) -> None:
         self.reason = "disconnect"
         self._left = left
-        # Set before iterating: live events may then be written straight to the client.
-        self.writer: FrameWriter | None = None
         self._subscription = subscription
         self._metrics = metrics
         self._released = False
-        self._frames = frames(self)
+        self._run = run
+        self._chunks: AsyncGenerator[bytes] | None = None
+
+    async def run(self, writer: FrameWriter) -> None:
+        """Write every frame of the stream to `writer`, until it ends."""
+        await self._run(self, writer)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._frames
+        self._chunks = FrameBuffer().chunks(self.run)
+        return self._chunks
 
     async def aclose(self) -> None:
-        await self._frames.aclose()
+        if self._chunks is not None:
+            await self._chunks.aclose()
         await self.release()
 
     async def release(self) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
 
+from eco_router.application.frame_buffer import FrameBuffer
 from eco_router.application.ports import FrameWriter
 from eco_router.application.stream_job_events import JobStream, StreamJobEvents
 from eco_router.domain.job_set import JobSet, encode_seq, stream_id
-from eco_router.domain.multiplexed_frames import job_frame, read_frames
-from eco_router.domain.sse import IDLE, KEEPALIVE_FRAME
+from eco_router.domain.multiplexed_frames import job_frame
+from eco_router.domain.sse import IDLE, Frame
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ class StreamManyJobs:
       leaves the set; the stream ends when every job has left. A job's stream that ends
       otherwise (a store error, the process shutting down) ends the whole stream: the client
       resumes all of them from its Last-Event-ID, as it would each one alone.
-    - Bounded: at most one chunk per job waits to be written; a job whose client is slow
-      waits, its own queue drops and it catches up from the history, as alone.
-    - While the stream waits with nothing pending, a job's live event is retold and written
-      straight to the connection from the feed's fan-out (no task switch), as on a job's own
-      connection; anything else goes through the queue, so the order of writes is kept.
+    - One frame path: each job's stream writes through the connection (`_SharedConnection`),
+      its frames retold as they are written, so the order of writes is the order of ids; a
+      live event goes straight from the feed's fan-out while the connection takes it, as on
+      a job's own connection. Bounded as alone: a job whose client is slow waits for the
+      connection to drain, its own queue drops and it catches up from the history.
     - One keepalive for the connection, not one per job.
     """
 
@@ -94,49 +94,31 @@ class StreamManyJobs:
         return opened
 
 
-@dataclass(slots=True)
-class _Ended:
-    reason: str
-
-
-class _UnwrittenFrames(FrameWriter):
-    """What a job's stream on a shared connection writes through: nothing. Its live events go
-    through its queue and are retold in order; the connection keeps itself alive once."""
-
-    def writable(self) -> bool:
-        return False
-
-    def write(self, frame: bytes) -> None:
-        raise AssertionError("never writable")
-
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
-        return None
-
-    def stop_keepalive(self) -> None:
-        return None
-
-
-UNWRITTEN = _UnwrittenFrames()
-
-
 class _SharedConnection(FrameWriter):
-    """What a job's stream on a shared connection writes its live events through: retold
-    and written at once while the stream of many jobs waits with nothing pending, so a live
-    event costs no task switch, as on a job's own connection; else refused, and queued."""
+    """The connection as one job's stream on it sees it: the job's frames are retold (its
+    name, the set's stream id) as they are written, in the order they are written; the
+    connection keeps itself alive once, for every job."""
 
-    __slots__ = ("_index", "_many")
+    __slots__ = ("_index", "_many", "_writer")
 
-    def __init__(self, many: ManyJobsStream, index: int) -> None:
+    def __init__(self, many: ManyJobsStream, index: int, writer: FrameWriter) -> None:
         self._many = many
         self._index = index
+        self._writer = writer
 
     def writable(self) -> bool:
-        return self._many.writes_through()
+        return self._writer.writable()
 
-    def write(self, frame: bytes) -> None:
-        self._many.write_through(self._index, frame)
+    async def drained(self) -> None:
+        await self._writer.drained()
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
+    def write(self, frame: Frame) -> None:
+        self._writer.write_all([self._many.retell(self._index, frame)])
+
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        self._writer.write_all([self._many.retell(self._index, frame) for frame in frames])
+
+    def keep_alive(self, every_s: float) -> None:
         return None
 
     def stop_keepalive(self) -> None:
@@ -144,8 +126,9 @@ class _SharedConnection(FrameWriter):
 
 
 class ManyJobsStream:
-    """One client's open stream of many jobs: iterate it for its frames; `aclose` ends it and
-    every job's stream, however far it got."""
+    """One client's open stream of many jobs: `run` writes every job's frames to a writer
+    until every job has left (iterating it does the same through a `FrameBuffer`); `aclose`
+    ends it and every job's stream, however far it got."""
 
     def __init__(
         self,
@@ -156,20 +139,12 @@ class ManyJobsStream:
         keepalive_s: float,
     ) -> None:
         self.reason = "disconnect"
-        # Set before iterating: the connection's keepalives are then kept by it.
-        self.writer: FrameWriter | None = None
         self._set = job_set
         self._parts = [encode_seq(p) for p in positions]
         self._streams = streams
         self._keepalive_s = keepalive_s
-        self._pumps: list[asyncio.Task[None]] = []
-        # At most one chunk per job waits here: a job's stream that gets ahead waits its turn.
-        self._queue: asyncio.Queue[tuple[int, bytes | _Ended | BaseException]] = asyncio.Queue(
-            maxsize=len(streams)
-        )
-        # True only while the stream waits for a chunk, everything before it written.
-        self._idle = False
-        self._frames = self._run()
+        self._runs: list[asyncio.Task[None]] = []
+        self._chunks: AsyncGenerator[bytes] | None = None
 
     @property
     def jobs(self) -> int:
@@ -177,118 +152,50 @@ class ManyJobsStream:
         return len(self._streams)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._frames
+        self._chunks = FrameBuffer().chunks(self.run)
+        return self._chunks
 
     async def aclose(self) -> None:
-        await self._frames.aclose()
+        if self._chunks is not None:
+            await self._chunks.aclose()
         await self._stop()
 
-    def writes_through(self) -> bool:
-        """Whether a job's live frame may be written now, in order: nothing is pending and the
-        connection takes it."""
-        return (
-            self._idle
-            and self._queue.empty()
-            and self.writer is not None
-            and self.writer.writable()
-        )
-
-    def write_through(self, i: int, chunk: bytes) -> None:
-        assert self.writer is not None
-        self.writer.write_own(self._retell(i, chunk))
-
-    async def _run(self) -> AsyncGenerator[bytes]:
-        writer = self.writer
-        queue = self._queue
-        for i, stream in self._streams.items():
-            stream.writer = UNWRITTEN if writer is None else _SharedConnection(self, i)
-        self._pumps = [
-            asyncio.create_task(self._pump(i, stream, queue)) for i, stream in self._streams.items()
-        ]
-        if writer is not None:
-            writer.keep_alive(self._keepalive_s, KEEPALIVE_FRAME)
-        left = set(self._streams)
+    async def run(self, writer: FrameWriter) -> None:
+        """Every job's stream, each in its own task, writing through the one connection."""
+        runs = {
+            asyncio.create_task(stream.run(_SharedConnection(self, i, writer))): stream
+            for i, stream in self._streams.items()
+        }
+        self._runs = list(runs)
+        writer.keep_alive(self._keepalive_s)
         try:
-            while left:
-                if writer is None:
-                    try:
-                        async with asyncio.timeout(self._keepalive_s):
-                            item = await queue.get()
-                    except TimeoutError:
-                        yield KEEPALIVE_FRAME
-                        continue
-                else:
-                    self._idle = True
-                    try:
-                        item = await queue.get()
-                    finally:
-                        self._idle = False
-                out = []
-                while True:
-                    i, got = item
-                    if isinstance(got, _Ended):
-                        left.discard(i)
-                        if got.reason not in LEAVES:
-                            self.reason = got.reason
-                            left.clear()
-                            break
-                    elif isinstance(got, BaseException):
-                        raise got
-                    else:
-                        out.append(self._retell(i, got))
-                    try:
-                        item = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        break
-                if out:
-                    yield b"".join(out)
-            if self.reason == "disconnect":
-                self.reason = "done"
+            running = set(runs)
+            while running:
+                ended, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for run in ended:
+                    run.result()  # a job's stream that failed fails the connection's
+                    if runs[run].reason not in LEAVES:
+                        self.reason = runs[run].reason
+                        return
+            self.reason = "done"
         finally:
-            if writer is not None:
-                writer.stop_keepalive()
+            writer.stop_keepalive()
             await self._stop()
 
-    def _retell(self, i: int, chunk: bytes) -> bytes:
+    def retell(self, i: int, frame: Frame) -> Frame:
+        """Job `i`'s frame as this connection sends it, the set's stream id taken now."""
+        if frame.event_id is not None:
+            self._parts[i] = encode_seq(frame.event_id)
         domain, job_id = self._set.jobs[i]
-        out = []
-        for frame in read_frames(chunk):
-            if frame.event_id is not None:
-                self._parts[i] = encode_seq(frame.event_id)
-            out.append(
-                job_frame(
-                    frame, domain=domain, job_id=job_id, stream_id=stream_id(self._set, self._parts)
-                )
-            )
-        return b"".join(out)
-
-    @staticmethod
-    async def _pump(
-        i: int, stream: JobStream, queue: asyncio.Queue[tuple[int, bytes | _Ended | BaseException]]
-    ) -> None:
-        """One job's frames into the shared queue, then how its stream ended; an error is
-        handed on to be raised by the stream's reader, never lost."""
-        ended: _Ended | BaseException
-        try:
-            async for chunk in stream:
-                await queue.put((i, chunk))
-            ended = _Ended(stream.reason)
-        except Exception as error:
-            ended = error
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            # Stopped while the job's stream was closing, and its close swallowed the cancel:
-            # no reader is left to take the end, and the queue may be full.
-            if isinstance(ended, BaseException):
-                log.error("a job's stream failed as its connection closed", exc_info=ended)
-            return
-        await queue.put((i, ended))
+        return job_frame(
+            frame, domain=domain, job_id=job_id, stream_id=stream_id(self._set, self._parts)
+        )
 
     async def _stop(self) -> None:
-        for pump in self._pumps:
-            pump.cancel()
-        if self._pumps:
-            await asyncio.wait(self._pumps)
+        for run in self._runs:
+            run.cancel()
+        if self._runs:
+            await asyncio.wait(self._runs)
         for stream in self._streams.values():
             try:
                 await stream.aclose()

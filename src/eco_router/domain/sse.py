@@ -27,7 +27,7 @@ class GatewayEvent:
     restart: bool = False
     # Worked out once: one event fans out to every viewer of its job, each asking again.
     _name: str = field(init=False, repr=False, compare=False)
-    _frame: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    _frame: Frame | None = field(default=None, init=False, repr=False, compare=False)
     # Nothing follows a done or a failed event: the stream ends after it. A field, not a
     # property: it is asked for each viewer of each live event.
     terminal: bool = field(init=False, repr=False, compare=False)
@@ -58,21 +58,36 @@ def _event_name(stage: str | None, status: str | None) -> str:
     return "progress"
 
 
-def event_frame(event: GatewayEvent) -> bytes:
-    """`id`, `event` and `data` lines of one event: encoded once, the same bytes for every
-    viewer of the job."""
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a job's stream: its id (None for a snapshot or a notice), its event name,
+    its one line of JSON data, and `encoded`, the bytes a connection sends for it. A job's
+    own stream sends them as `domain.sse` writes them; a stream of many jobs or a UI message
+    stream retells the same frame in its own terms, without reading bytes back."""
+
+    event_id: int | None
+    name: str
+    data: bytes
+    encoded: bytes
+
+
+def live_frame(event: GatewayEvent) -> Frame:
+    """The frame of one event: encoded once, the same for every viewer of the job."""
     frame = event._frame
     if frame is None:
-        frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (
-            event.event_id,
-            event._name.encode(),
-            event.data,
-        )
+        name = event._name
+        encoded = b"id: %d\nevent: %s\ndata: %s\n\n" % (event.event_id, name.encode(), event.data)
+        frame = Frame(event.event_id, name, event.data, encoded)
         object.__setattr__(event, "_frame", frame)
     return frame
 
 
-def snapshot_frame(state: GatewayEvent | None, job_id: str) -> bytes:
+def event_frame(event: GatewayEvent) -> bytes:
+    """`id`, `event` and `data` lines of one event."""
+    return live_frame(event).encoded
+
+
+def snapshot(state: GatewayEvent | None, job_id: str) -> Frame:
     """The job's state, sent first when the client may have missed events (or the job is unknown).
 
     One shape: `{"job_id": ..., "state": <the latest event as published, or null>}`. It
@@ -80,18 +95,30 @@ def snapshot_frame(state: GatewayEvent | None, job_id: str) -> bytes:
     """
     # job_id is checked against a JSON-safe alphabet before any stream opens.
     body = b"null" if state is None else state.data
-    return b'event: snapshot\ndata: {"job_id":"%s","state":%s}\n\n' % (job_id.encode(), body)
+    data = b'{"job_id":"%s","state":%s}' % (job_id.encode(), body)
+    return Frame(None, "snapshot", data, b"event: snapshot\ndata: %s\n\n" % data)
+
+
+def snapshot_frame(state: GatewayEvent | None, job_id: str) -> bytes:
+    return snapshot(state, job_id).encoded
+
+
+def notice(reason: str) -> Frame:
+    """`event: error` telling why the stream ends without the job's end (`timeout`, `idle`)."""
+    data = b'{"error":"%s"}' % reason.encode()
+    return Frame(None, "error", data, b"event: error\ndata: %s\n\n" % data)
 
 
 def error_frame(reason: str) -> bytes:
-    return b'event: error\ndata: {"error":"%s"}\n\n' % reason.encode()
+    return notice(reason).encoded
 
 
 KEEPALIVE_FRAME = b": keepalive\n\n"
 
 # Why a stream ended at the job's side: its end (`done`, `failed`), or no end coming (`idle`).
 IDLE = "idle"
-IDLE_FRAME = error_frame(IDLE)
+IDLE_NOTICE = notice(IDLE)
+IDLE_FRAME = IDLE_NOTICE.encoded
 
 
 def end_reason(event: GatewayEvent) -> str:

@@ -12,9 +12,10 @@ attempt and how many characters of it were sent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
+
+from eco_router.domain.sse import Frame
 
 # What `DefaultChatTransport` checks a response for (ai's `UI_MESSAGE_STREAM_HEADERS`).
 HEADER_NAME = "x-vercel-ai-ui-message-stream"
@@ -22,33 +23,6 @@ HEADER_VALUE = "v1"
 DONE_LINE = b"data: [DONE]\n\n"
 
 Part = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class SseFrame:
-    """One frame of a job's stream: its event name and JSON data, or a comment (a keepalive)."""
-
-    event: str | None
-    data: bytes | None
-    comment: bool = False
-
-
-def sse_frames(chunk: bytes) -> Iterator[SseFrame]:
-    """The frames of a chunk the job's stream wrote: whole frames, one `data:` line each."""
-    for block in chunk.split(b"\n\n"):
-        if not block:
-            continue
-        event: str | None = None
-        data: bytes | None = None
-        comment = False
-        for line in block.split(b"\n"):
-            if line.startswith(b":"):
-                comment = True
-            elif line.startswith(b"event: "):
-                event = line[7:].decode()
-            elif line.startswith(b"data: "):
-                data = line[6:]
-        yield SseFrame(event, data, comment=comment and event is None and data is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +48,7 @@ def opening(job_id: str) -> list[Part]:
     return [{"type": "start", "messageId": job_id}, {"type": "start-step"}]
 
 
-def ui_parts(frame: SseFrame, state: UiText) -> tuple[list[Part], UiText]:
+def ui_parts(frame: Frame, state: UiText) -> tuple[list[Part], UiText]:
     """The UI parts one frame of the job's stream maps to, and where the response then stands.
 
     - `token`: a delta of the open text part (a part is opened first if none is); a token
@@ -91,9 +65,9 @@ def ui_parts(frame: SseFrame, state: UiText) -> tuple[list[Part], UiText]:
       no `finish`: the job has not ended and a resume may go on.
     - Stage events, snapshots and announcements map to nothing: the text is the message.
     """
-    if state.ended or frame.data is None:
+    if state.ended:
         return [], state
-    name = frame.event
+    name = frame.name
     if name not in ("token", "token_recovery", "done", "error"):
         return [], state
     body = json.loads(frame.data)

@@ -120,6 +120,7 @@ class GuardedConnection(asyncio.Protocol):
 
     __slots__ = (
         "_answered",
+        "_drain",
         "_exchange",
         "_framing",
         "_host",
@@ -149,6 +150,8 @@ class GuardedConnection(asyncio.Protocol):
         self.transport: asyncio.Transport
         # What the frame writer reads, as it would of the server's flow control.
         self.write_paused = False
+        # Made only while a stream waits for the transport to take writes again.
+        self._drain: asyncio.Future[None] | None = None
 
     # asyncio's protocol interface, toward the transport.
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,6 +195,7 @@ class GuardedConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._drained()
         if self._inner is not None:
             self._inner.resume_writing()
 
@@ -202,6 +206,20 @@ class GuardedConnection(asyncio.Protocol):
             guards.clients.release(self._host)
             self._host = None
         self._end(exc)
+
+    async def drained(self) -> None:
+        """Until the transport takes writes again, or the connection is gone."""
+        if not self.write_paused or self.transport.is_closing():
+            return
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+        # Shielded: a waiter cancelled (its client left) must not cancel the others' wait.
+        await asyncio.shield(self._drain)
+
+    def _drained(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
 
     # What the connection's `ConnectionLayer` tells it.
     def exchange(self, send: Send) -> Exchange:
@@ -325,6 +343,7 @@ class GuardedConnection(asyncio.Protocol):
         """The client has gone (or was refused): the server and the response under way hear
         of it, once."""
         self._disarm()
+        self._drained()
         self._framing.close()
         exchange, self._exchange = self._exchange, None
         if exchange is not None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eco_router.application.ports import FrameWriter
+from eco_router.domain.sse import KEEPALIVE_FRAME, Frame
 from eco_router.entrypoints.http.keepalives import Keepalives
 
 # The scope extension under which the server hands a request its writer.
@@ -19,6 +20,9 @@ def http_chunk(frame: bytes) -> bytes:
     """`frame` as one HTTP/1.1 chunk: built once per event, the same bytes for every viewer
     (a bytes object caches its hash, so the lookup costs one comparison by identity)."""
     return b"%x\r\n%s\r\n" % (len(frame), frame)
+
+
+KEEPALIVE_CHUNK = b"%x\r\n%s\r\n" % (len(KEEPALIVE_FRAME), KEEPALIVE_FRAME)
 
 
 class ConnectionWrites:
@@ -60,13 +64,13 @@ class WriteBatch:
 
 
 class TransportFrameWriter(FrameWriter):
-    """Writes chunks of a chunked HTTP/1.1 response on the connection's transport, at the
-    end of the event loop's turn (`WriteBatch`).
+    """Writes a stream's frames as chunks of a chunked HTTP/1.1 response on the connection's
+    transport, at the end of the event loop's turn (`WriteBatch`).
 
-    The response's own writes (headers, the replay, the end) go through uvicorn as usual;
-    these chunks only go out between them: `writable` ensures that the response has started
-    and not completed, and that the connection is open and not paused for writing, and the
-    response calls `flush` before each of its own writes, so nothing overtakes a chunk.
+    The response's own writes (its head and its end) go through the server as usual; the
+    stream runs between them, and the response calls `flush` before each of its own writes,
+    so nothing overtakes a chunk. `writable` ensures that the response has started and not
+    completed, and that the connection is open and not paused for writing.
     """
 
     __slots__ = (
@@ -89,8 +93,8 @@ class TransportFrameWriter(FrameWriter):
         self._batch = writes.batch
         self._keepalives = writes.keepalives
         self._pending: list[bytes] | None = None
-        # (period, frame) once the stream asked for keepalives, and its tick in the sweep.
-        self._keepalive: tuple[float, bytes] | None = None
+        # The period once the stream asked for keepalives, and its tick in the sweep.
+        self._keepalive: float | None = None
         self._keepalive_tick = 0
         self._last_write = 0.0
         self._on_disconnect: Callable[[], None] | None = None
@@ -105,12 +109,21 @@ class TransportFrameWriter(FrameWriter):
             and not self._transport.is_closing()
         )
 
-    def write(self, frame: bytes) -> None:
-        self._add(http_chunk(frame))
+    async def drained(self) -> None:
+        cycle = self._cycle
+        while self._flow.write_paused and not cycle.disconnected:
+            if self._transport.is_closing():
+                return
+            await self._flow.drained()
 
-    def write_own(self, frame: bytes) -> None:
-        # Not through the cache: a frame no other viewer gets would only push out one they do.
-        self._add(b"%x\r\n%s\r\n" % (len(frame), frame))
+    def write(self, frame: Frame) -> None:
+        self._add(http_chunk(frame.encoded))
+
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        # Not through the cache: frames no other viewer gets would only push out those they do.
+        data = frames[0].encoded if len(frames) == 1 else b"".join(f.encoded for f in frames)
+        if data:
+            self._add(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _add(self, chunk: bytes) -> None:
         if self._pending is None:
@@ -149,8 +162,8 @@ class TransportFrameWriter(FrameWriter):
         if not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
-    def keep_alive(self, every_s: float, frame: bytes) -> None:
-        self._keepalive = (every_s, frame)
+    def keep_alive(self, every_s: float) -> None:
+        self._keepalive = every_s
         self._last_write = asyncio.get_running_loop().time()
         self._keepalive_tick = self._keepalives.file(self, self._last_write + every_s, every_s)
 
@@ -162,12 +175,12 @@ class TransportFrameWriter(FrameWriter):
     def keep_alive_at(self, now: float) -> None:
         """The sweep's look, once due: idle for the whole period, the keepalive is written
         (unless the connection cannot take it now); then filed for the next one."""
-        if self._keepalive is None:
+        every_s = self._keepalive
+        if every_s is None:
             return
-        every_s, frame = self._keepalive
         due = self._last_write + every_s
         if now >= due:
             if self.writable():
-                self.write(frame)
+                self._add(KEEPALIVE_CHUNK)
             due = now + every_s
         self._keepalive_tick = self._keepalives.file(self, due, every_s)

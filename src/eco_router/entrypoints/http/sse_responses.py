@@ -66,9 +66,10 @@ async def job_event_stream(
 
 
 class ResponseStream(Protocol):
-    """A stream opened for one response: its frames, the writer of its live frames, its end."""
+    """A stream opened for one response: `run` writes its frames to the connection's writer;
+    iterated, it yields them as chunks (for a server that hands the response no writer)."""
 
-    writer: FrameWriter | None
+    async def run(self, writer: FrameWriter) -> None: ...
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
@@ -93,7 +94,6 @@ async def streaming_response(
         client_streams.release(client)
         return Response(status_code=204)
     writer = request.scope.get("extensions", {}).get(FRAME_WRITER)
-    opened.writer = writer
 
     async def close() -> None:
         try:
@@ -101,7 +101,7 @@ async def streaming_response(
         finally:
             client_streams.release(client)
 
-    return ClosingStreamingResponse(opened, close=close, writer=writer)
+    return ClosingStreamingResponse(opened, close=close, writer=writer, run=opened.run)
 
 
 def resume_point(value: str | None) -> int | None:
@@ -117,10 +117,12 @@ class ClosingStreamingResponse(StreamingResponse):
     """An SSE response that ends its stream however the response ends, even before its first
     frame (a client gone at once): nothing it holds outlives the request.
 
-    Streams in the request's own task, cancelled when the client disconnects: told by the
-    connection itself where the server hands the request a frame writer, else by one small
-    task waiting for `http.disconnect`. Starlette's own streaming runs the body in a task
-    group of two tasks, costing memory and CPU on each of thousands of connections.
+    Where the server hands the request a frame writer, `run` writes the stream's frames
+    through it between the response's head and its end; else `frames` are the body. Streams
+    in the request's own task, cancelled when the client disconnects: told by the connection
+    itself where there is a writer, else by one small task waiting for `http.disconnect`.
+    Starlette's own streaming runs the body in a task group of two tasks, costing memory and
+    CPU on each of thousands of connections.
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class ClosingStreamingResponse(StreamingResponse):
         *,
         close: Callable[[], Awaitable[None]],
         writer: TransportFrameWriter | None = None,
+        run: Callable[[FrameWriter], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(frames, media_type=SSE_MEDIA_TYPE)
+        self._run = run
         self._close = close
         self._disconnected = False
         self._writer = writer
@@ -165,6 +169,19 @@ class ClosingStreamingResponse(StreamingResponse):
             pass  # the client left while a frame was being written
         finally:
             await self._close()
+
+    async def stream_response(self, send: Send) -> None:
+        if self._writer is None or self._run is None:
+            await super().stream_response(send)
+            return
+        head = {
+            "type": "http.response.start",
+            "status": self.status_code,
+            "headers": self.raw_headers,
+        }
+        await send(head)
+        await self._run(self._writer)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch(self, receive: Receive, stream: asyncio.Task[object]) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -1,28 +1,30 @@
 """A job's answer as the AI SDK's UI message stream (docs/AI_SDK.md): `useChat` reads it.
 
 The job's own SSE stream (`StreamJobEvents`: its authorization, bounds, replay and metrics)
-is opened as for `/events`, and each frame it yields is mapped to UI parts
+is opened as for `/events`, and each frame it writes is mapped to UI parts
 (`domain/ui_message_stream.py`). The path is the one `DefaultChatTransport` reconnects to,
 `${api}/${chatId}/stream`, with `api` = `/api/v1/{domain}`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
+from eco_router.application.frame_buffer import FrameBuffer
 from eco_router.application.ports import FrameWriter
 from eco_router.application.stream_job_events import JobStream, StreamJobEvents
+from eco_router.domain.sse import Frame
 from eco_router.domain.ui_message_stream import (
     DONE_LINE,
     HEADER_NAME,
     HEADER_VALUE,
+    Part,
     UiText,
     encode,
     opening,
-    sse_frames,
     ui_parts,
 )
 from eco_router.entrypoints.container import Container
@@ -86,42 +88,69 @@ async def answer_stream(request: Request, domain: str, job_id: str, *, resume: b
 
 
 class UiMessageStream:
-    """A job's stream read as UI parts: `start`, the text's parts, then `finish` (or `error`)
-    and `[DONE]` at the job's end. Every frame takes the ordinary path (no `writer`): a live
-    frame written straight to the connection would skip the mapping."""
+    """A job's stream told as UI parts: `start`, the text's parts, then `finish` (or `error`)
+    and `[DONE]` at the job's end. The job's stream writes through `UiMessageWriter`, so its
+    frames take the one path every stream's do, live ones straight from the feed's fan-out."""
 
-    __slots__ = ("_frames", "_job_id", "_stream", "writer")
+    __slots__ = ("_chunks", "_job_id", "_stream")
 
     def __init__(self, job_id: str, stream: JobStream) -> None:
         self._job_id = job_id
         self._stream = stream
-        # Given by `streaming_response`; kept from the job's stream on purpose.
-        self.writer: FrameWriter | None = None
-        self._frames = self._parts()
+        self._chunks: AsyncGenerator[bytes] | None = None
+
+    async def run(self, writer: FrameWriter) -> None:
+        # Run to the job stream's own end, which comes right after the job's: it then counts
+        # the stream closed for the job's reason (`done`, `failed`), not as a disconnect.
+        await self._stream.run(UiMessageWriter(self._job_id, writer))
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._frames
+        self._chunks = FrameBuffer().chunks(self.run)
+        return self._chunks
 
     async def aclose(self) -> None:
-        await self._frames.aclose()
+        if self._chunks is not None:
+            await self._chunks.aclose()
         await self._stream.aclose()
 
-    async def _parts(self) -> AsyncGenerator[bytes]:
-        state = UiText()
-        yield encode(opening(self._job_id))
-        # Read to the job stream's own end, which comes right after the job's: it then counts
-        # the stream closed for the job's reason (`done`, `failed`), not as a disconnect.
-        async for chunk in self._stream:
-            out: list[bytes] = []
-            for frame in sse_frames(chunk):
-                if state.ended:
-                    break
-                if frame.comment:
-                    out.append(b": keepalive\n\n")
-                    continue
-                parts, state = ui_parts(frame, state)
-                out.append(encode(parts))
-                if state.ended:
-                    out.append(DONE_LINE)
-            if data := b"".join(out):
-                yield data
+
+class UiMessageWriter(FrameWriter):
+    """The connection as a job's stream told as UI parts sees it: each frame is mapped to its
+    parts (`ui_parts`) as it is written; the first write starts the message."""
+
+    __slots__ = ("_job_id", "_state", "_writer")
+
+    def __init__(self, job_id: str, writer: FrameWriter) -> None:
+        self._job_id = job_id
+        self._writer = writer
+        self._state: UiText | None = None
+
+    def writable(self) -> bool:
+        return self._writer.writable()
+
+    async def drained(self) -> None:
+        await self._writer.drained()
+
+    def write(self, frame: Frame) -> None:
+        self.write_all([frame])
+
+    def write_all(self, frames: Sequence[Frame]) -> None:
+        out: list[Part] = []
+        state = self._state
+        if state is None:
+            out += opening(self._job_id)
+            state = UiText()
+        ended = state.ended
+        for frame in frames:
+            parts, state = ui_parts(frame, state)
+            out += parts
+        self._state = state
+        data = encode(out) + (DONE_LINE if state.ended and not ended else b"")
+        if data:
+            self._writer.write_all([Frame(None, "ui", b"", data)])
+
+    def keep_alive(self, every_s: float) -> None:
+        self._writer.keep_alive(every_s)
+
+    def stop_keepalive(self) -> None:
+        self._writer.stop_keepalive()
