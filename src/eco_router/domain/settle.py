@@ -438,9 +438,10 @@ class _Settling:
 
     def write(self, job: JobKey, limits: Limits) -> JobWrite:
         before = self.before
-        history_sizes, dropped = _kept(
-            before.history_sizes + tuple(map(len, self.appended)), limits
-        )
+        sizes = before.history_sizes
+        if self.appended:
+            sizes = (*sizes, *map(len, self.appended))
+        history_sizes, dropped = _kept(sizes, limits)
         text = self.text_state
         markers = {**self.markers, **self.new_markers} if self.new_markers else self.markers
         lifecycle = (
