@@ -250,10 +250,10 @@ class _Text:
 
     def append(self, event: JobEvent, event_id: int) -> None:
         """Add a token applied with `event_id`: the node's run grows or a new one begins."""
-        size = len(self.content) + len(self.appended)
         # A node's run closes when another node (or none) writes; an empty one leaves none.
         node = event.node or ""
         if node != self.node:
+            size = self.size
             if self.node and size > self.run_at:
                 self.runs = (*self.runs, TextRun(self.node, self.run_at, size))
             self.run_at = size
@@ -268,15 +268,15 @@ class _Text:
 
     def stored(self) -> StoredText:
         return StoredText(
-            self.attempt,
-            self.last_seq,
-            self.last_id,
-            self.last_entry,
-            self.text_bytes(),
-            self.runs,
-            self.node,
-            self.run_at,
-            self.full,
+            attempt=self.attempt,
+            last_seq=self.last_seq,
+            last_id=self.last_id,
+            last_entry=self.last_entry,
+            content=self.text_bytes(),
+            runs=self.runs,
+            node=self.node,
+            run_at=self.run_at,
+            full=self.full,
         )
 
 
