@@ -59,6 +59,23 @@ class TestSettle:
 
         assert settled.writes[0].dropped == 1
 
+    def test_the_history_drops_the_oldest_payloads_until_its_bytes_fit(self) -> None:
+        record = StoredJob(last_seq=1, last_id=1, history_sizes=(100, 100, 100))
+        size = len(stage(2).payload) + len(b'"event_id":2,"prev_event_id":1,')
+        limits = Limits(history_size=10, history_max_bytes=100 + size, text_max_bytes=1 << 20)
+
+        [write] = settle([stage(2)], {JOB: record}, limits).writes
+
+        assert (write.dropped, write.record.history_sizes) == (2, (100, size))
+
+    def test_the_newest_payload_stays_even_when_it_alone_is_too_big(self) -> None:
+        record = StoredJob(last_seq=1, last_id=1, history_sizes=(100, 100))
+        limits = Limits(history_size=10, history_max_bytes=10, text_max_bytes=1 << 20)
+
+        [write] = settle([stage(2)], {JOB: record}, limits).writes
+
+        assert (write.dropped, write.record.history_sizes) == (2, (len(write.appended[0]),))
+
     def test_nothing_judged_new_writes_nothing(self) -> None:
         record = StoredJob(last_seq=5, last_id=5, markers={5: Marker(entry_id(5), b"x")})
 

@@ -5,11 +5,11 @@ records and applies writes."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from eco_router.domain.control import lifecycle_event_id
-from eco_router.domain.event import JobEvent
+from eco_router.domain.event import LIFECYCLE_STAGES, TOKEN_STAGE, JobEvent
 from eco_router.domain.text import (
     TextCheck,
     TextRecord,
@@ -18,7 +18,15 @@ from eco_router.domain.text import (
     stamp,
     stamped,
 )
-from eco_router.domain.verdict import JobRecord, Judgement, Verdict, judge
+from eco_router.domain.verdict import (
+    NEW_APPLY,
+    Judgement,
+    TextFacts,
+    Verdict,
+    judge_lifecycle,
+    judge_stage,
+    judge_token,
+)
 
 JobKey = tuple[str, str]
 
@@ -180,28 +188,108 @@ def settle(
     by_job: dict[JobKey, _Settling] = {}
     judgements: list[Judgement] = []
     stamps: list[bytes | None] = []
+    text_max_bytes = limits.text_max_bytes
     for item in events:
         event = item.event
-        job = by_job.get(event.job_key)
+        key = (event.domain, event.job_id)
+        job = by_job.get(key)
         if job is None:
-            job = by_job[event.job_key] = _Settling(
-                event.stream, records.get(event.job_key) or StoredJob()
-            )
-        judgement = judge(event, job.judged(event, gone), text_max_bytes=limits.text_max_bytes)
+            job = by_job[key] = _Settling(event.stream, records.get(key) or StoredJob(), gone)
+        stage = event.stage
+        if stage == TOKEN_STAGE:
+            judgement = judge_token(event, job, text_max_bytes=text_max_bytes)
+            fields = job.token(event, judgement)
+        elif stage in LIFECYCLE_STAGES:
+            judgement = judge_lifecycle(event, job)
+            fields = job.lifecycle_event(item, judgement)
+        else:
+            judgement = judge_stage(event, job)
+            fields = job.stage_event(item, judgement)
         judgements.append(judgement)
-        stamps.append(job.settle(item, judgement))
+        stamps.append(fields)
     writes = [job.write(key, limits) for key, job in by_job.items() if job.changed()]
     return Settlement(judgements, stamps, writes)
 
 
+# What `judge_token` sees of a job with no text yet.
+_NO_TEXT = TextRecord()
+
+
+class _Text:
+    """A job's text as its tokens settle: `StoredText`'s fields, mutable, with the bytes of
+    this batch's tokens kept apart from those stored."""
+
+    __slots__ = (
+        "appended",
+        "attempt",
+        "content",
+        "full",
+        "last_entry",
+        "last_id",
+        "last_seq",
+        "node",
+        "run_at",
+        "runs",
+    )
+
+    def __init__(self, text: StoredText) -> None:
+        self.attempt: int = text.attempt
+        self.last_seq = text.last_seq
+        self.last_id = text.last_id
+        self.last_entry = text.last_entry
+        self.content = text.content
+        self.appended = bytearray()
+        self.runs = text.runs
+        self.node = text.node
+        self.run_at = text.run_at
+        self.full = text.full
+
+    @property
+    def size(self) -> int:
+        return len(self.content) + len(self.appended)
+
+    def append(self, event: JobEvent, event_id: int) -> None:
+        """Add a token applied with `event_id`: the node's run grows or a new one begins."""
+        # A node's run closes when another node (or none) writes; an empty one leaves none.
+        node = event.node or ""
+        if node != self.node:
+            size = self.size
+            if self.node and size > self.run_at:
+                self.runs = (*self.runs, TextRun(self.node, self.run_at, size))
+            self.run_at = size
+            self.node = node
+        self.appended += event.content.encode()
+        self.last_seq = event.seq
+        self.last_id = event_id
+        self.last_entry = event.stream_id
+
+    def text_bytes(self) -> bytes:
+        return self.content + self.appended
+
+    def stored(self) -> StoredText:
+        return StoredText(
+            attempt=self.attempt,
+            last_seq=self.last_seq,
+            last_id=self.last_id,
+            last_entry=self.last_entry,
+            content=self.text_bytes(),
+            runs=self.runs,
+            node=self.node,
+            run_at=self.run_at,
+            full=self.full,
+        )
+
+
 class _Settling:
-    """One job's record as its events settle, and what changed."""
+    """One job's record as its events settle, and what changed; what the rules judge its
+    next event against (`JobFacts`)."""
 
     __slots__ = (
         "appended",
         "applied",
         "before",
         "ended",
+        "gone",
         "last_id",
         "last_seq",
         "lifecycle",
@@ -211,15 +299,17 @@ class _Settling:
         "stage_applied",
         "state",
         "stream",
-        "text",
-        "text_appended",
+        "text_changed",
         "text_restarted",
+        "text_state",
         "written_after_end",
     )
 
-    def __init__(self, stream: str, record: StoredJob) -> None:
+    def __init__(self, stream: str, record: StoredJob, gone: frozenset[str]) -> None:
         self.stream = stream
         self.before = record
+        # The entries the stream never held: those of the records' markers and the batch's.
+        self.gone = gone
         self.last_seq = record.last_seq
         self.last_id = record.last_id
         self.markers = record.markers
@@ -228,13 +318,25 @@ class _Settling:
         self.new_lifecycle: dict[str, Marker] = {}
         self.ended = record.ended
         self.written_after_end = record.written_after_end
-        self.text = record.text
+        self.text_state = None if record.text is None else _Text(record.text)
+        self.text_changed = False
         self.text_restarted = False
-        self.text_appended = bytearray()
         self.state: bytes | None = None
         self.appended: list[bytes] = []
         self.applied = False
         self.stage_applied = False
+
+    @property
+    def text(self) -> TextFacts:
+        return _NO_TEXT if self.text_state is None else self.text_state
+
+    def entry_that_applied(self, seq: int) -> str | None:
+        marker = self.marker(seq)
+        return None if marker is None else marker.entry
+
+    def entry_that_marked(self, marker: str) -> str | None:
+        found = self.lifecycle_marker(marker)
+        return None if found is None else found.entry
 
     def marker(self, seq: int) -> Marker | None:
         return self.new_markers.get(seq) or self.markers.get(seq)
@@ -242,50 +344,11 @@ class _Settling:
     def lifecycle_marker(self, name: str) -> Marker | None:
         return self.new_lifecycle.get(name) or self.lifecycle.get(name)
 
-    def judged(self, event: JobEvent, gone: frozenset[str]) -> JobRecord:
-        """What `judge` looks at for `event`."""
-        text = (
-            TextRecord(
-                self.text.attempt,
-                self.text.last_seq,
-                len(self.text.content) + len(self.text_appended),
-                self.text.full,
-            )
-            if self.text is not None
-            else TextRecord()
-        )
-        if event.is_token:
-            return JobRecord(
-                self.last_seq,
-                None,
-                text=text,
-                ended=self.ended,
-                written_after_end=self.written_after_end,
-            )
-        if event.is_lifecycle:
-            marker = self.lifecycle_marker(event.lifecycle_marker)
-            lifecycle_by = None if marker is None else {event.lifecycle_marker: marker.entry}
-            by = None if marker is None else marker.entry
-            applied_by = None
-        else:
-            marker = self.marker(event.seq)
-            applied_by = None if marker is None else {event.seq: marker.entry}
-            by = None if marker is None else marker.entry
-            lifecycle_by = None
-        lost = (
-            frozenset({by})
-            if by is not None and by != event.stream_id and by in gone
-            else frozenset()
-        )
-        return JobRecord(self.last_seq, applied_by, lost, text, lifecycle_by)
-
-    def settle(self, item: Encoded, judgement: Judgement) -> bytes | None:
-        """Apply what `judgement` says; the published event's stamp, if it is."""
+    def stage_event(self, item: Encoded, judgement: Judgement) -> bytes | None:
+        """Apply what `judgement` says of a stage event; the published event's stamp, if it is."""
+        if judgement is NEW_APPLY:
+            return self._apply_stage(item)
         event = item.event
-        if event.is_token:
-            return self._token(event, judgement)
-        if event.is_lifecycle:
-            return self._lifecycle(item, judgement)
         if judgement.takes_over:
             marker = self.marker(event.seq)
             assert marker is not None
@@ -296,21 +359,28 @@ class _Settling:
             marker = self.marker(event.seq)
             assert marker is not None
             return marker.stamp
+        return self._apply_stage(item)
+
+    def _apply_stage(self, item: Encoded) -> bytes:
+        event = item.event
         event_id = next_event_id(self.last_id, event.seq)
+        ends = event.is_terminal
+        text = self.text_state
         check = None
-        if event.is_terminal and self.text is not None:
-            check = TextCheck.of(self._text_bytes(), truncated=self.text.full)
+        if ends and text is not None:
+            check = TextCheck.of(text.text_bytes(), truncated=text.full)
         fields = stamp(event_id, self.last_id, text_check=check)
         self.last_id = event_id
         self.last_seq = event.seq
-        self.ended, self.written_after_end = event.is_terminal, False
+        self.ended, self.written_after_end = ends, False
         self.new_markers[event.seq] = Marker(event.stream_id, fields)
         self.state = stamped(item.payload, fields)
         self.appended.append(self.state)
         self.applied = self.stage_applied = True
         return fields
 
-    def _lifecycle(self, item: Encoded, judgement: Judgement) -> bytes | None:
+    def lifecycle_event(self, item: Encoded, judgement: Judgement) -> bytes | None:
+        """Apply what `judgement` says of a lifecycle event; its stamp, if it is published."""
         name = item.event.lifecycle_marker
         if judgement.takes_over:
             marker = self.lifecycle_marker(name)
@@ -330,72 +400,49 @@ class _Settling:
         self.applied = True
         return fields
 
-    def _token(self, event: JobEvent, judgement: Judgement) -> bytes | None:
+    def token(self, event: JobEvent, judgement: Judgement) -> bytes | None:
+        """Apply what `judgement` says of a token; its stamp, if it is published."""
+        text = self.text_state
+        if judgement is NEW_APPLY and text is not None:
+            return self._append(text, event, restart=False)
         if judgement.first_after_end:
             self.written_after_end = True
         if judgement.verdict is Verdict.STALE:
             return None
-        if judgement.restarts or self.text is None:
-            self.text = StoredText(event.attempt)
-            self.text_restarted = True
-            self.text_appended = bytearray()
+        if judgement.restarts or text is None:
+            text = self.text_state = _Text(StoredText(event.attempt))
+            self.text_restarted = self.text_changed = True
         if judgement.fills:
-            self.text = replace(self.text, full=True)
+            text.full = True
+            self.text_changed = True
         if not judgement.apply:
             return None
+        return self._append(text, event, restart=judgement.restarts)
+
+    def _append(self, text: _Text, event: JobEvent, *, restart: bool) -> bytes:
         event_id = next_event_id(self.last_id, event.seq)
-        fields = stamp(event_id, self.last_id, restart=judgement.restarts)
+        fields = stamp(event_id, self.last_id, restart=restart)
         self.last_id = event_id
-        content = event.content.encode()
-        text = self.text
-        size = len(text.content) + len(self.text_appended)
-        # A node's run closes when another node (or none) writes; an empty one leaves none.
-        node = event.node or ""
-        runs, run_at = text.runs, text.run_at
-        if node != text.node:
-            if text.node and size > run_at:
-                runs = (*runs, TextRun(text.node, run_at, size))
-            run_at = size
-        self.text_appended.extend(content)
-        self.text = replace(
-            text,
-            last_seq=event.seq,
-            last_id=event_id,
-            last_entry=event.stream_id,
-            runs=runs,
-            node=node,
-            run_at=run_at,
-        )
-        self.applied = True
+        text.append(event, event_id)
+        self.text_changed = self.applied = True
         return fields
 
-    def _text_bytes(self) -> bytes:
-        assert self.text is not None
-        return self.text.content + bytes(self.text_appended)
-
     def changed(self) -> bool:
-        before = self.before
         return (
             self.applied
             or bool(self.new_markers)
             or bool(self.new_lifecycle)
-            or self.text_restarted
-            or self.text is not before.text
-            or self.written_after_end != before.written_after_end
+            or self.text_changed
+            or self.written_after_end != self.before.written_after_end
         )
 
     def write(self, job: JobKey, limits: Limits) -> JobWrite:
-        sizes = [*self.before.history_sizes, *(len(p) for p in self.appended)]
-        total = sum(sizes)
-        dropped = 0
-        while len(sizes) - dropped > 1 and (
-            len(sizes) - dropped > limits.history_size or total > limits.history_max_bytes
-        ):
-            total -= sizes[dropped]
-            dropped += 1
-        text = self.text
-        if text is not None and self.text_appended:
-            text = replace(text, content=text.content + bytes(self.text_appended))
+        before = self.before
+        sizes = before.history_sizes
+        if self.appended:
+            sizes = (*sizes, *map(len, self.appended))
+        history_sizes, dropped = _kept(sizes, limits)
+        text = self.text_state
         markers = {**self.markers, **self.new_markers} if self.new_markers else self.markers
         lifecycle = (
             {**self.lifecycle, **self.new_lifecycle} if self.new_lifecycle else self.lifecycle
@@ -407,8 +454,8 @@ class _Settling:
             lifecycle=lifecycle,
             ended=self.ended,
             written_after_end=self.written_after_end,
-            history_sizes=tuple(sizes[dropped:]),
-            text=text,
+            history_sizes=history_sizes,
+            text=text.stored() if self.text_changed and text is not None else before.text,
         )
         return JobWrite(
             job=job,
@@ -420,7 +467,23 @@ class _Settling:
             appended=tuple(self.appended),
             dropped=dropped,
             text_restarted=self.text_restarted,
-            text_appended=bytes(self.text_appended),
+            text_appended=b"" if text is None else bytes(text.appended),
             applied=self.applied,
             stage_applied=self.stage_applied,
         )
+
+
+def _kept(sizes: tuple[int, ...], limits: Limits) -> tuple[tuple[int, ...], int]:
+    """The sizes a history keeps of `sizes` (oldest first), and how many of the oldest it
+    drops: at most `history_size` payloads and `history_max_bytes` bytes, never the newest."""
+    dropped = max(0, min(len(sizes) - 1, len(sizes) - limits.history_size))
+    kept = sizes[dropped:] if dropped else sizes
+    total = sum(kept)
+    if total <= limits.history_max_bytes:
+        return kept, dropped
+    for size in sizes[dropped:-1]:
+        total -= size
+        dropped += 1
+        if total <= limits.history_max_bytes:
+            break
+    return sizes[dropped:], dropped

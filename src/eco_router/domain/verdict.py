@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import groupby
+from typing import Protocol
 
 from eco_router.domain.event import JobEvent
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, TextRecord
@@ -20,6 +21,46 @@ class Verdict(StrEnum):
     INVALID = "invalid"
     # A token that does not fit in the job's text (`EVENT_ROUTER_TEXT_MAX_BYTES`).
     TEXT_FULL = "text_full"
+
+
+class TextFacts(Protocol):
+    """What the rules look at of a job's text (`TextRecord`'s fields)."""
+
+    @property
+    def attempt(self) -> int | None: ...
+
+    @property
+    def last_seq(self) -> int | None: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def full(self) -> bool: ...
+
+
+class JobFacts(Protocol):
+    """What the rules look at of a job (`JobRecord`'s fields): a batch being settled judges
+    against its jobs as they stand, without a record built per event."""
+
+    @property
+    def last_seq(self) -> int | None: ...
+
+    @property
+    def gone(self) -> frozenset[str]: ...
+
+    @property
+    def text(self) -> TextFacts: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def written_after_end(self) -> bool: ...
+
+    def entry_that_applied(self, seq: int) -> str | None: ...
+
+    def entry_that_marked(self, marker: str) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +119,7 @@ STALE_AFTER_END = Judgement(Verdict.STALE, first_after_end=True)
 
 
 def judge(
-    event: JobEvent, record: JobRecord, *, text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES
+    event: JobEvent, record: JobFacts, *, text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES
 ) -> Judgement:
     """Decide an event's fate: a token by `judge_token`, a lifecycle event by
     `judge_lifecycle`, a stage event by `judge_stage`."""
@@ -89,7 +130,7 @@ def judge(
     return judge_stage(event, record)
 
 
-def judge_token(event: JobEvent, record: JobRecord, *, text_max_bytes: int) -> Judgement:
+def judge_token(event: JobEvent, record: JobFacts, *, text_max_bytes: int) -> Judgement:
     """Decide a token's fate; tokens are numbered apart from stage events, so a stage event
     after tokens is judged by its own seqs only.
 
@@ -106,7 +147,7 @@ def judge_token(event: JobEvent, record: JobRecord, *, text_max_bytes: int) -> J
       same text, which the terminal event's check marks truncated.
     - Anything else is NEW and is appended.
     """
-    text = record.text
+    text: TextFacts = record.text
     restarts = text.attempt is not None and event.attempt > text.attempt
     if text.attempt is not None and event.attempt < text.attempt:
         return STALE
@@ -123,7 +164,7 @@ def judge_token(event: JobEvent, record: JobRecord, *, text_max_bytes: int) -> J
     return NEW_RESTART if restarts else NEW_APPLY
 
 
-def judge_stage(event: JobEvent, record: JobRecord) -> Judgement:
+def judge_stage(event: JobEvent, record: JobFacts) -> Judgement:
     """Decide a stage event's fate.
 
     - The entry that applied this (job, seq) comes back: it was not acknowledged, so its
@@ -146,7 +187,7 @@ def judge_stage(event: JobEvent, record: JobRecord) -> Judgement:
     return NEW_APPLY
 
 
-def judge_lifecycle(event: JobEvent, record: JobRecord) -> Judgement:
+def judge_lifecycle(event: JobEvent, record: JobFacts) -> Judgement:
     """Decide a lifecycle event's fate (`cancel_requested`, `input_received`, `needs_input`):
     by its own marker (stage and seq), never by the job's stage seqs, so it is not stale after
     later stages and makes no later stage stale.
