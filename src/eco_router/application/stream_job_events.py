@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from eco_router.application.errors import TransientError
 from eco_router.application.frame_buffer import FrameBuffer
@@ -191,13 +192,8 @@ class StreamJobEvents:
         return JobStream(
             subscription,
             self._metrics,
-            partial(
-                self._run,
-                subscription=subscription,
-                job=(domain, job_id),
-                cursor=cursor,
-                replay=replay,
-            ),
+            # Positional: a partial's keywords would cost each open stream a dict.
+            partial(self._run, subscription, domain, job_id, cursor, replay),
             left=lambda: self._viewers.closed(domain, job_id),
         )
 
@@ -213,15 +209,14 @@ class StreamJobEvents:
 
     async def _run(
         self,
-        stream: JobStream,
-        writer: FrameWriter,
-        *,
         subscription: FeedSubscription,
-        job: tuple[str, str],
+        domain: str,
+        job_id: str,
         cursor: _Cursor,
         replay: list[Frame],
+        stream: JobStream,
+        writer: FrameWriter,
     ) -> None:
-        domain, job_id = job
         try:
             if replay:
                 await _send(writer, replay)
@@ -442,7 +437,7 @@ class JobStream:
         self,
         subscription: FeedSubscription,
         metrics: GatewayMetrics,
-        run: Callable[[JobStream, FrameWriter], Awaitable[None]],
+        run: Callable[[JobStream, FrameWriter], Coroutine[Any, Any, None]],
         *,
         left: Callable[[], None] = lambda: None,
     ) -> None:
@@ -454,9 +449,10 @@ class JobStream:
         self._run = run
         self._chunks: AsyncGenerator[bytes] | None = None
 
-    async def run(self, writer: FrameWriter) -> None:
-        """Write every frame of the stream to `writer`, until it ends."""
-        await self._run(self, writer)
+    def run(self, writer: FrameWriter) -> Coroutine[Any, Any, None]:
+        """Write every frame of the stream to `writer`, until it ends: the use case's own
+        coroutine, with no frame of this one (thousands of streams wait in it)."""
+        return self._run(self, writer)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self._chunks = FrameBuffer().chunks(self.run)
