@@ -1091,3 +1091,20 @@ class TestOneFramePath:
             "4:done",
         ]
         assert writer.seen[1] == ("live", "1:scan")
+
+
+class TestOvertakenOnLongStreams:
+    async def test_a_repeat_of_an_event_sent_long_ago_is_not_counted_as_overtaken(
+        self, gw: Gateway
+    ) -> None:
+        viewer = await gw.connected()
+        for first in range(1, 301, 50):
+            await gw.produce("job-1", *range(first, first + 50))
+            await viewer.has_seen(first + 50)
+        repeat = make_event(seq=1, stream_id=f"{1_700_000_000_000 + 1}-0")
+
+        await gw.h.broadcaster.broadcast([EncodedEvent(repeat, gw.h.encoder.encode(repeat))])
+        await gw.produce("job-1", 301, **DONE)
+
+        assert (await viewer.ended())[-1] == "301:done"
+        assert gw.metrics.overtaken == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -474,9 +475,41 @@ class JobStream:
         await self._subscription.close()
 
 
+class RecentIds:
+    """The ids a connection sent lately, to tell a refused live event it got (a repeat) from
+    one it never got (overtaken by a newer one). Ids are sent in increasing order; only the
+    latest `keep` to `2 * keep` are kept, packed, so a long stream (a chat answer's thousands
+    of tokens) holds about a kilobyte, not every id it ever sent."""
+
+    __slots__ = ("_forgot_below", "_ids", "_keep")
+
+    def __init__(self, first: int, *, keep: int = 64) -> None:
+        assert keep > 0
+        self._ids = array("q", (first,))
+        self._keep = keep
+        # Ids below this may have been sent and forgotten: whether one was sent is unknown.
+        self._forgot_below: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, event_id: int) -> None:
+        ids = self._ids
+        ids.append(event_id)
+        if len(ids) >= 2 * self._keep:
+            del ids[: -self._keep]
+            self._forgot_below = ids[0]
+
+    def never_sent(self, event_id: int) -> bool | None:
+        """Whether `event_id` was never sent here; None when it is older than what is kept."""
+        if self._forgot_below is not None and event_id < self._forgot_below:
+            return None
+        return event_id not in self._ids
+
+
 class _Cursor:
-    """The last event id sent on this connection, what it sent, when the job was last heard of
-    (wall-clock ms, None until known) and how the stream ended."""
+    """The last event id sent on this connection, what it sent lately, when the job was last
+    heard of (wall-clock ms, None until known) and how the stream ended."""
 
     __slots__ = ("_resumed_after", "_sent", "checked_ms", "ended", "heard_ms", "last_sent")
 
@@ -488,14 +521,14 @@ class _Cursor:
         self.checked_ms = 0
         self._resumed_after = last_event_id
         # Made at the first event sent: many streams wait long before theirs.
-        self._sent: set[int] | None = None
+        self._sent: RecentIds | None = None
 
     def take(self, event: GatewayEvent) -> bool:
         if self.last_sent is not None and event.event_id <= self.last_sent:
             return False
         self.last_sent = event.event_id
         if self._sent is None:
-            self._sent = {event.event_id}
+            self._sent = RecentIds(event.event_id)
         else:
             self._sent.add(event.event_id)
         if event.terminal:
@@ -503,6 +536,10 @@ class _Cursor:
         return True
 
     def overtaken(self, event: GatewayEvent) -> bool:
-        """A refused event this client never got, from after its resume point: it missed it."""
+        """A refused event this client never got, from after its resume point: it missed it.
+        One older than the sent ids kept is not counted: far more often a late repeat of an
+        event sent long ago (a publish retried on redelivery) than one never sent."""
         after_resume = self._resumed_after is None or event.event_id > self._resumed_after
-        return after_resume and (self._sent is None or event.event_id not in self._sent)
+        return after_resume and (
+            self._sent is None or self._sent.never_sent(event.event_id) is True
+        )
