@@ -4,7 +4,7 @@ never overtaken by the response's own writes, and keepalives when nothing else w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.types import Message
@@ -128,6 +128,19 @@ class TestOneWritePerTurn:
         assert wire.log == []
 
 
+class Running:
+    """A response's stream that is only run (`run`), never read."""
+
+    def __init__(self, run: Callable[[FrameWriter], Awaitable[None]]) -> None:
+        self.run = run
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return never()
+
+    async def aclose(self) -> None:
+        return None
+
+
 async def never() -> AsyncIterator[bytes]:
     """The body a response with a writer never reads: its stream runs on the writer."""
     raise AssertionError("read")
@@ -152,7 +165,9 @@ class TestOrderWithTheResponse:
             await asyncio.Event().wait()
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
+        response = ClosingStreamingResponse(
+            never(), close=close, writer=writer, stream=Running(run)
+        )
         async with asyncio.timeout(5):
             await response({"type": "http"}, receive, wire.send)
 
@@ -312,7 +327,9 @@ class TestDisconnect:
             await asyncio.Event().wait()
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
+        response = ClosingStreamingResponse(
+            never(), close=close, writer=writer, stream=Running(run)
+        )
         serving = asyncio.create_task(response({"type": "http"}, receive, wire.send))
         await eventually(lambda: wire.log)
         tasks_while_streaming = len(asyncio.all_tasks())
@@ -339,7 +356,9 @@ class TestDisconnect:
         async def receive() -> Message:
             return {"type": "http.disconnect"}
 
-        response = ClosingStreamingResponse(never(), close=close, writer=writer, run=run)
+        response = ClosingStreamingResponse(
+            never(), close=close, writer=writer, stream=Running(run)
+        )
         async with asyncio.timeout(5):
             await response({"type": "http"}, receive, wire.send)
 

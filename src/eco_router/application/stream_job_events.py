@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -190,13 +190,7 @@ class StreamJobEvents:
             raise
         self._metrics.connection_opened()
         self._viewers.opened(domain, job_id)
-        return JobStream(
-            subscription,
-            self._metrics,
-            # Positional: a partial's keywords would cost each open stream a dict.
-            partial(self._run, subscription, domain, job_id, cursor, replay),
-            left=lambda: self._viewers.closed(domain, job_id),
-        )
+        return JobStream(self, subscription, (domain, job_id), cursor, replay)
 
     async def __call__(
         self, domain: str, job_id: str, last_event_id: int | None = None
@@ -208,16 +202,10 @@ class StreamJobEvents:
         finally:
             await stream.aclose()
 
-    async def _run(
-        self,
-        subscription: FeedSubscription,
-        domain: str,
-        job_id: str,
-        cursor: _Cursor,
-        replay: list[Frame],
-        stream: JobStream,
-        writer: FrameWriter,
-    ) -> None:
+    async def _run(self, stream: JobStream, writer: FrameWriter) -> None:
+        subscription, cursor = stream.subscription, stream.cursor
+        domain, job_id = stream.job
+        replay, stream.replay = stream.replay, []
         try:
             if replay:
                 await _send(writer, replay)
@@ -287,6 +275,10 @@ class StreamJobEvents:
             subscription.write_through(None)
             writer.stop_keepalive()
             await stream.release()
+
+    def _closed(self, stream: JobStream) -> None:
+        self._metrics.connection_closed(stream.reason)
+        self._viewers.closed(*stream.job)
 
     async def _live_or_catch_up(
         self, domain: str, job_id: str, event: GatewayEvent, cursor: _Cursor
@@ -428,32 +420,44 @@ class JobStream:
     """One client's open stream of a job: `run` writes its frames to a writer until it ends
     (iterating it does the same through a `FrameBuffer`); `aclose` ends it.
 
-    Ending it releases the subscription, counts the connection closed and calls `left`,
-    exactly once, whether or not it ever ran.
+    Ending it releases the subscription, counts the connection closed and the viewer gone,
+    exactly once, whether or not it ever ran. It holds what its run needs, and nothing made
+    for it alone (a closure, a partial): thousands of them wait at once.
     """
 
-    __slots__ = ("_chunks", "_left", "_metrics", "_released", "_run", "_subscription", "reason")
+    __slots__ = (
+        "_chunks",
+        "_released",
+        "_use_case",
+        "cursor",
+        "job",
+        "reason",
+        "replay",
+        "subscription",
+    )
 
     def __init__(
         self,
+        use_case: StreamJobEvents,
         subscription: FeedSubscription,
-        metrics: GatewayMetrics,
-        run: Callable[[JobStream, FrameWriter], Coroutine[Any, Any, None]],
-        *,
-        left: Callable[[], None] = lambda: None,
+        job: tuple[str, str],
+        cursor: _Cursor,
+        replay: list[Frame],
     ) -> None:
         self.reason = "disconnect"
-        self._left = left
-        self._subscription = subscription
-        self._metrics = metrics
+        self._use_case = use_case
+        self.subscription = subscription
+        self.job = job
+        self.cursor = cursor
+        # The frames read at the opening, until the run writes them.
+        self.replay = replay
         self._released = False
-        self._run = run
         self._chunks: AsyncGenerator[bytes] | None = None
 
     def run(self, writer: FrameWriter) -> Coroutine[Any, Any, None]:
         """Write every frame of the stream to `writer`, until it ends: the use case's own
-        coroutine, with no frame of this one (thousands of streams wait in it)."""
-        return self._run(self, writer)
+        coroutine, with no frame of this one."""
+        return self._use_case._run(self, writer)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self._chunks = FrameBuffer().chunks(self.run)
@@ -470,9 +474,8 @@ class JobStream:
         self._released = True
         # Counted first: a disconnected client's task is cancelled, which can cut the
         # await below short.
-        self._metrics.connection_closed(self.reason)
-        self._left()
-        await self._subscription.close()
+        self._use_case._closed(self)
+        await self.subscription.close()
 
 
 class RecentIds:

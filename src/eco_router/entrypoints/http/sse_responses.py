@@ -101,7 +101,7 @@ async def streaming_response(
         finally:
             client_streams.release(client)
 
-    return ClosingStreamingResponse(opened, close=close, writer=writer, run=opened.run)
+    return ClosingStreamingResponse(opened, close=close, writer=writer, stream=opened)
 
 
 def resume_point(value: str | None) -> int | None:
@@ -117,8 +117,8 @@ class ClosingStreamingResponse(StreamingResponse):
     """An SSE response that ends its stream however the response ends, even before its first
     frame (a client gone at once): nothing it holds outlives the request.
 
-    Where the server hands the request a frame writer, `run` writes the stream's frames
-    through it between the response's head and its end; else `frames` are the body. Streams
+    Where the server hands the request a frame writer, `stream` writes its frames through it
+    between the response's head and its end; else `frames` are the body. Streams
     in the request's own task, cancelled when the client disconnects: told by the connection
     itself where there is a writer, else by one small task waiting for `http.disconnect`.
     Starlette's own streaming runs the body in a task group of two tasks, costing memory and
@@ -131,10 +131,10 @@ class ClosingStreamingResponse(StreamingResponse):
         *,
         close: Callable[[], Awaitable[None]],
         writer: TransportFrameWriter | None = None,
-        run: Callable[[FrameWriter], Awaitable[None]] | None = None,
+        stream: ResponseStream | None = None,
     ) -> None:
         super().__init__(frames, media_type=SSE_MEDIA_TYPE)
-        self._run = run
+        self._stream = stream
         self._close = close
         self._disconnected = False
         self._writer = writer
@@ -171,7 +171,7 @@ class ClosingStreamingResponse(StreamingResponse):
             await self._close()
 
     async def stream_response(self, send: Send) -> None:
-        if self._writer is None or self._run is None:
+        if self._writer is None or self._stream is None:
             await super().stream_response(send)
             return
         head = {
@@ -180,7 +180,7 @@ class ClosingStreamingResponse(StreamingResponse):
             "headers": self.raw_headers,
         }
         await send(head)
-        await self._run(self._writer)
+        await self._stream.run(self._writer)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch(self, receive: Receive, stream: asyncio.Task[object]) -> None:
