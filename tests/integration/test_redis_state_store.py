@@ -1,4 +1,5 @@
-"""apply_batch.lua on a real Redis: every branch, the keys it writes and their TTLs."""
+"""The Redis state store on a real Redis: the writes it stores for each verdict, the keys and
+their TTLs, and every branch of `store_batch.lua`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
@@ -31,7 +33,7 @@ from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
-# The script renews the TTLs of a job's history, text and markers at most this often (a tenth
+# The store renews the TTLs of a job's history, text and markers at most this often (a tenth
 # of the state TTL, at most a minute), and keeps them that much longer.
 RENEW_EVERY_S = 10
 HISTORY_SIZE = 3
@@ -49,12 +51,6 @@ CHAT_SHARD = "chat:events:0"
 GROUP = "router"
 EPOCH = GroupKeys(GROUP).epoch(SHARD)
 CHAT_EPOCH = GroupKeys(GROUP).epoch(CHAT_SHARD)
-# What the script returns per event: one code character each, the fenced and the gap shards'
-# indices, and per event the fields put first in its published JSON.
-ScriptReply = tuple[bytes, list[int], list[int], list[bytes]]
-# One event as the script takes it: a line of its fields, and its body (a payload without
-# its opening brace, or a token's content).
-ScriptEvent = tuple[str, bytes]
 
 
 async def make_store(
@@ -165,131 +161,122 @@ def sha1(text: bytes) -> str:
     return hashlib.sha1(text, usedforsecurity=False).hexdigest()
 
 
-def stage_args(
-    job: int, seq: int, n: int, payload: bytes, *, terminal: bool = False
-) -> ScriptEvent:
-    """The script's line and body for stage event `seq` of its `job`-th job, entry
-    `entry_id(n)`."""
-    return f"{job} {'e' if terminal else 's'} {seq} {entry_id(n)}\n", payload[1:]
-
-
-def token_args(
-    job: int, seq: int, n: int, content: str, *, attempt: int = 0, node: str = ""
-) -> ScriptEvent:
-    """The script's line and body for token `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return f"{job} t {seq} {entry_id(n)} {attempt} {node}\n", content.encode()
-
-
-async def call_script(
+async def store_writes(
     redis: Redis,
-    events: Sequence[ScriptEvent],
+    writes: Sequence[tuple[int, str, str, Sequence[bytes | str | int]]],
     *,
-    shards: Sequence[tuple[str, int]] = ((SHARD, 1),),
-    jobs: Sequence[tuple[JobKeys, int]] = ((JOB, 1),),
-    text_max_bytes: int = TEXT_MAX_BYTES,
-) -> ScriptReply:
-    """One call of the script as the holder of `shards` (stream, token), with no read to
-    check; `jobs` are each job's keys and the 1-based index of its shard."""
-    script = redis.register_script(load_lua("apply_batch.lua"))
+    shards: Sequence[tuple[str, str]] = ((SHARD, "1"), (CHAT_SHARD, "1")),
+) -> list[list[int]]:
+    """One call of `store_batch.lua` as the holder of `shards` (stream, token and read to
+    check); `writes` are (shard index, command, key, arguments). Its fenced and gap shards."""
+    script = redis.register_script(load_lua("store_batch.lua"))
     keys = [GroupKeys(GROUP).epoch(stream) for stream, _ in shards]
     keys += [stream for stream, _ in shards]
-    args: list[bytes | str | int] = [
-        STATE_TTL_S,
-        MARKERS_TTL_S,
-        HISTORY_SIZE,
-        HISTORY_MAX_BYTES,
-        GROUP,
-    ]
-    args += [text_max_bytes, len(shards)]
-    args += [held_with for _, held_with in shards]  # the token, and no read to check
-    for job, shard in jobs:
-        keys += [job.state, job.history, job.markers, job.text_state, job.text]
-        args.append(shard)
-    args.append("".join(line for line, _ in events))
-    args += [body for _, body in events]
-    codes, fenced, gaps, stamps = await script(keys=keys, args=args)
-    return codes, fenced, gaps, stamps
+    args: list[bytes | str | int] = [GROUP, len(shards), *(held for _, held in shards)]
+    lines = []
+    values: list[bytes | str | int] = []
+    for shard, command, key, arguments in writes:
+        keys.append(key)
+        lines.append(f"{shard} {command} {len(keys)} {len(arguments)}\n")
+        values += arguments
+    fenced, gaps, (seconds, _) = await script(keys=keys, args=[*args, "".join(lines), *values])
+    now_s, _ = await redis.time()
+    assert now_s - 1 <= int(seconds) <= now_s, "the third value is the server's time"
+    return [fenced, gaps]
 
 
-class TestBranches:
-    """The one-character codes the script returns and what the adapter makes of them."""
+class TestStoreScript:
+    """`store_batch.lua`: the fence and the read order checked, then the writes as given."""
 
-    async def test_code_4_and_the_shard_index_when_the_token_moved_on(
+    async def test_the_writes_of_a_fenced_shard_are_left_out_and_the_others_stored(
         self, streams_redis: Redis
     ) -> None:
-        other = JobKeys.of("chat", "job-2")
         await streams_redis.set(EPOCH, 2)
         await streams_redis.set(CHAT_EPOCH, 1)
 
-        # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
-        # job 2 on shard 2.
-        reply = await call_script(
+        reply = await store_writes(
             streams_redis,
-            [stage_args(1, 5, 1, b'{"p":"fenced"}'), stage_args(2, 1, 2, b'{"p":"applied"}')],
-            shards=[(SHARD, 1), (CHAT_SHARD, 1)],
-            jobs=[(JOB, 1), (other, 2)],
+            [
+                (1, "SET", JOB.state, [b"fenced"]),
+                (2, "RPUSH", CHAT_JOB.history, [b"a", b"b"]),
+                (2, "HSET", CHAT_JOB.markers, ["last", 2]),
+            ],
         )
 
-        assert reply == (b"40", [1], [], [b"", b'"event_id":1,'])
-        assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
-        assert await streams_redis.get(other.state) == b'{"event_id":1,"p":"applied"}'
+        assert reply == [[1], []]
+        assert await streams_redis.exists(JOB.state) == 0
+        assert await streams_redis.lrange(CHAT_JOB.history, 0, -1) == [b"a", b"b"]
+        assert await streams_redis.hget(CHAT_JOB.markers, "last") == b"2"
 
-    async def test_the_script_returns_one_code_per_event_for_all_four_branches(
+    async def test_a_shard_without_an_epoch_holds_no_token(self, streams_redis: Redis) -> None:
+        reply = await store_writes(
+            streams_redis, [(1, "SET", JOB.state, [b"x"])], shards=[(SHARD, "1")]
+        )
+
+        assert reply == [[1], []]
+        assert await streams_redis.exists(JOB.state) == 0
+
+    async def test_the_writes_of_a_shard_whose_read_came_after_another_consumers_are_left_out(
         self, streams_redis: Redis
     ) -> None:
         await streams_redis.set(EPOCH, 1)
-        await hold(streams_redis, 1)
+        await streams_redis.xgroup_create(SHARD, GROUP, id="0", mkstream=True)
+        taken = await streams_redis.xadd(SHARD, {"n": "1"})
+        await streams_redis.xreadgroup(GROUP, "another", {SHARD: ">"}, count=1)
+        first = (await streams_redis.xadd(SHARD, {"n": "2"})).decode()
+        await streams_redis.xreadgroup(GROUP, "me", {SHARD: ">"}, count=1)
+        writes = [(1, "SET", JOB.state, [b"x"])]
 
-        reply = await call_script(
-            streams_redis,
-            [
-                stage_args(1, 5, 1, b'{"p":"applied"}'),
-                stage_args(1, 5, 1, b'{"p":"same entry again"}'),
-                stage_args(1, 5, 2, b'{"p":"other entry, same seq"}'),
-                stage_args(1, 4, 3, b'{"p":"lower seq"}'),
-            ],
-        )
+        gap = await store_writes(streams_redis, writes, shards=[(SHARD, f"1 (0-0 {first} me")])
+        assert (gap, await streams_redis.exists(JOB.state)) == ([[], [1]], 0)
 
-        # The entry again gets the stamp it got in the same call.
-        assert reply == (b"0123", [], [], [b'"event_id":5,', b'"event_id":5,', b"", b""])
-        assert await streams_redis.get(JOB.state) == b'{"event_id":5,"p":"applied"}'
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [b'{"event_id":5,"p":"applied"}']
+        after = f"1 ({taken.decode()} {first} me"
+        in_order = await store_writes(streams_redis, writes, shards=[(SHARD, after)])
+        assert (in_order, await streams_redis.get(JOB.state)) == ([[], []], b"x")
 
-    async def test_the_script_returns_one_code_per_token_for_every_token_branch(
+    async def test_a_command_that_is_no_write_is_refused_before_anything_is_written(
         self, streams_redis: Redis
     ) -> None:
-        await streams_redis.set(CHAT_EPOCH, 1)
+        await streams_redis.set(EPOCH, 1)
+        await streams_redis.set(JOB.history, b"kept")
 
-        reply = await call_script(
+        with pytest.raises(ResponseError, match="not a write: DEL"):
+            await store_writes(
+                streams_redis,
+                [(1, "SET", JOB.state, [b"x"]), (1, "DEL", JOB.history, [])],
+                shards=[(SHARD, "1")],
+            )
+
+        assert await streams_redis.exists(JOB.state) == 0
+        assert await streams_redis.get(JOB.history) == b"kept"
+
+    async def test_each_write_takes_its_own_arguments_in_order(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+
+        await store_writes(
             streams_redis,
             [
-                token_args(1, 1001, 1, "abc"),
-                token_args(1, 1001, 2, "abc"),  # seen
-                token_args(1, 1002, 3, "de", attempt=1),  # a newer attempt: the text restarts
-                token_args(1, 1003, 4, "x"),  # the older attempt, late
-                token_args(1, 1003, 5, "fghijklmno", attempt=1),  # 2 + 10 bytes: over 10
-                token_args(1, 1004, 6, "p", attempt=1),  # would fit, but the text is full
-                token_args(1, 1001, 7, "q" * 11, attempt=2),  # restarts and does not fit
+                (1, "RPUSH", JOB.history, [b"1", b"2", b"3"]),
+                (1, "LTRIM", JOB.history, [1, -1]),
+                (1, "SET", JOB.state, [b"s", "EX", 50]),
+                (1, "HSET", JOB.markers, ["a", 1, "b", 2]),
+                (1, "HDEL", JOB.markers, ["a"]),
+                (1, "EXPIRE", JOB.history, [70]),
             ],
-            shards=[(CHAT_SHARD, 1)],
-            jobs=[(CHAT_JOB, 1)],
-            text_max_bytes=SMALL_TEXT,
+            shards=[(SHARD, "1")],
         )
 
-        assert reply == (
-            b"0263879",
-            [],
-            [],
-            [
-                b'"event_id":1001,',
-                b"",
-                b'"event_id":1002,"prev_event_id":1001,"restart":true,',
-                b"",
-                b"",
-                b"",
-                b"",
-            ],
-        )
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"2", b"3"]
+        assert await streams_redis.hgetall(JOB.markers) == {b"b": b"2"}
+        assert 0 < await streams_redis.ttl(JOB.state) <= 50
+        assert 50 < await streams_redis.ttl(JOB.history) <= 70
+
+    def test_the_script_is_at_most_150_lines(self) -> None:
+        assert len(load_lua("store_batch.lua").splitlines()) <= 150
+
+
+class TestBranches:
+    """What the store writes for each verdict."""
 
     async def test_code_0_applies_state_history_and_markers(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -306,6 +293,7 @@ class TestBranches:
             b"last": b"7",
             b"last_id": b"7",
             b"history_bytes": str(len(kept(event))).encode(),
+            b"sizes": str(len(kept(event))).encode(),
         }
 
     async def test_code_1_republishes_without_writing(
@@ -733,29 +721,6 @@ class TestEventIds:
         assert applied.stamps[1] == fields + b'"truncated":false},'
         assert await streams_redis.get(CHAT_JOB.state) == stamped(done.payload, applied.stamps[1])
 
-    async def test_only_an_event_passed_as_terminal_carries_the_check(
-        self, streams_redis: Redis
-    ) -> None:
-        await streams_redis.set(CHAT_EPOCH, 1)
-
-        _, _, _, stamps = await call_script(
-            streams_redis,
-            [
-                token_args(1, 1001, 1, "Hi"),
-                stage_args(1, 2, 2, b'{"p":"saved"}'),
-                stage_args(1, 3, 3, b'{"p":"done"}', terminal=True),
-            ],
-            shards=[(CHAT_SHARD, 1)],
-            jobs=[(CHAT_JOB, 1)],
-        )
-
-        assert stamps == [
-            b'"event_id":1001,',
-            b'"event_id":1002,"prev_event_id":1001,',
-            b'"event_id":1003,"prev_event_id":1002,'
-            b'"text_check":{"bytes":2,"sha1":"%s","truncated":false},' % sha1(b"Hi").encode(),
-        ]
-
     async def test_the_check_of_a_full_text_says_truncated(
         self, small_text: RedisLuaStateStore
     ) -> None:
@@ -1052,8 +1017,8 @@ class TestKeys:
         await hold(streams_redis, *range(1, 2501))
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
-        # The seqs, then last, last_id, history_bytes and renewed.
-        assert await streams_redis.hlen(JOB.markers) == 2504
+        # The seqs, then last, last_id, history_bytes, sizes and renewed.
+        assert await streams_redis.hlen(JOB.markers) == 2505
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-HISTORY_SIZE:]
 
@@ -1098,6 +1063,7 @@ class TestMarkersExpiry:
             b"last": b"3",
             b"last_id": b"3",
             b"history_bytes": str(sum(len(p) for p in history)).encode(),
+            b"sizes": b",".join(str(len(p)).encode() for p in history),
         }
         assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
