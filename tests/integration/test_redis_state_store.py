@@ -61,6 +61,7 @@ async def make_store(
     history_size: int = HISTORY_SIZE,
     history_max_bytes: int = HISTORY_MAX_BYTES,
     text_max_bytes: int = TEXT_MAX_BYTES,
+    held_jobs: int = 1000,
 ) -> RedisLuaStateStore:
     """A store holding both shards with token 1."""
     await redis.set(EPOCH, 1)
@@ -74,6 +75,7 @@ async def make_store(
         history_size=history_size,
         history_max_bytes=history_max_bytes,
         text_max_bytes=text_max_bytes,
+        held_jobs=held_jobs,
     )
 
 
@@ -394,8 +396,10 @@ class TestBranches:
         await apply(store, [applied])
         # Only "last" is left: the equal seq cannot be told apart from a replay, so it is stale.
         await streams_redis.hdel(JOB.markers, "5")
+        # A router that holds no record of the job reads it as the keys have it.
+        loading = await make_store(streams_redis)
 
-        judgements = await apply(store, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
+        judgements = await apply(loading, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
 
         assert judgements == [STALE]
         assert await streams_redis.get(JOB.state) == kept(applied)
@@ -663,8 +667,9 @@ class TestAfterTheEnd:
         # Markers written before the field: the job's end is known from its next one on.
         await apply(store, [chat(180, stage="done", status="completed")])
         await streams_redis.hdel(CHAT_JOB.markers, "ended")
+        loading = await make_store(streams_redis)
 
-        assert await apply(store, [token(1001, "a")]) == [NEW_APPLY]
+        assert await apply(loading, [token(1001, "a")]) == [NEW_APPLY]
 
 
 class TestEventIds:
@@ -855,8 +860,10 @@ class TestKeys:
         now_s, _ = await streams_redis.time()
         await streams_redis.hset(JOB.markers, "renewed", now_s - renewed_ago_s)
         await _expire_all(streams_redis, 5, JOB.state, JOB.history, JOB.markers)
+        # The renewal as a router that loads the job's record finds it.
+        loading = await make_store(streams_redis)
 
-        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+        await apply(loading, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert 5 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
@@ -874,8 +881,9 @@ class TestKeys:
         await streams_redis.hset(CHAT_JOB.markers, "renewed", now_s - RENEW_EVERY_S)
         keys = (CHAT_JOB.history, CHAT_JOB.text_state, CHAT_JOB.text, CHAT_JOB.markers)
         await _expire_all(streams_redis, 5, *keys)
+        loading = await make_store(streams_redis)
 
-        await apply(store, [token(1002, "b") if due_with == "token" else chat(2)])
+        await apply(loading, [token(1002, "b") if due_with == "token" else chat(2)])
 
         for key in keys[:3]:
             assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
@@ -922,8 +930,9 @@ class TestKeys:
     ) -> None:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         await streams_redis.delete(JOB.history)
+        loading = await make_store(streams_redis)
 
-        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+        await apply(loading, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
 
@@ -1053,8 +1062,11 @@ class TestMarkersExpiry:
 
         await wait_until(markers_gone, what="the markers hash to expire")
         older = encoded(seq=3, stream_id=entry_id(3), stage="late")
+        # A router holding the record would keep it well inside the TTLs; one loading it
+        # finds none.
+        loading = await make_store(streams_redis)
 
-        assert await apply(store, [older]) == [NEW_APPLY]
+        assert await apply(loading, [older]) == [NEW_APPLY]
         # Its ids start again too: nothing is known of the job's earlier ones.
         assert await streams_redis.get(JOB.state) == kept(older)
         history = await streams_redis.lrange(JOB.history, 0, -1)
@@ -1089,8 +1101,9 @@ class TestHistoryBytes:
         await apply(small, [sized(1, 3000), sized(2, 3000)])
         await streams_redis.delete(JOB.history)  # expired: the state TTL is shorter
         fresh = [sized(3, 4000), sized(4, 4000)]
+        loading = await make_store(streams_redis, history_size=100, history_max_bytes=10_000)
 
-        await apply(small, fresh)
+        await apply(loading, fresh)
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(fresh, 2)
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"8000"
@@ -1117,6 +1130,96 @@ class TestHistoryBytes:
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-10:]
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"10000"
+
+
+async def _loads(redis: Redis) -> int:
+    """How many job records the server has been asked for (one HGETALL each)."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+class TestHeldRecords:
+    """The records of the jobs a store wrote are held under the shard's fencing token and not
+    read again; a new token, a fenced or failed store call drops them."""
+
+    async def test_a_job_written_is_not_read_again_under_the_same_token(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        loads = await _loads(streams_redis)
+
+        judged = await apply(
+            store,
+            [encoded(seq=2, stream_id=entry_id(2)), encoded(seq=1, stream_id=entry_id(1))],
+        )
+
+        assert judged == [NEW_APPLY, NEW_REPUBLISH]
+        assert await _loads(streams_redis) == loads
+        assert store.held_jobs == 1
+
+    async def test_a_held_texts_bytes_are_read_only_for_a_terminal_events_check(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [chat(1), token(1001, "ab")])
+        await apply(store, [token(1002, "c")])
+
+        applied = await apply_stamped(store, [chat(2, stage="done", status="completed")])
+
+        assert applied.judgements == [NEW_APPLY]
+        assert b'"bytes":3,"sha1":"%s"' % sha1(b"abc").encode() in (applied.stamps[0] or b"")
+
+    async def test_a_new_token_drops_the_shards_records(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        redelivered = encoded(seq=1, stream_id=entry_id(1))
+        await apply(store, [redelivered])
+        # Written behind the holder's back: only a store that reads the record sees it.
+        await streams_redis.delete(JOB.markers)
+        assert await apply(store, [redelivered]) == [NEW_REPUBLISH]
+        await streams_redis.set(EPOCH, 2)
+
+        applied = await store.apply([redelivered], {SHARD: 2})
+
+        assert applied.judgements == [NEW_APPLY]
+
+    async def test_a_fenced_store_call_drops_the_shards_records(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1)), chat(1)])
+        await streams_redis.set(EPOCH, 2)
+
+        applied = await store.apply([encoded(seq=2, stream_id=entry_id(2))], {SHARD: 1})
+
+        assert applied.fenced == {SHARD}
+        assert store.held_jobs == 1  # the chat shard's job
+
+    async def test_a_failed_store_call_drops_the_records_of_its_shards(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        # A key of the wrong type makes the script fail after some of its writes.
+        await streams_redis.delete(JOB.history)
+        await streams_redis.set(JOB.history, "x")
+
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the port's error, whichever
+            await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+
+        assert store.held_jobs == 0
+
+    async def test_the_least_recently_used_records_go_beyond_the_bound(
+        self, streams_redis: Redis
+    ) -> None:
+        store = await make_store(streams_redis, held_jobs=2)
+        for job in ("a", "b", "c"):
+            await apply(store, [encoded(seq=1, stream_id=entry_id(1), job_id=job)])
+        loads = await _loads(streams_redis)
+
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2), job_id="c")])
+        held_c = await _loads(streams_redis)
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2), job_id="a")])
+
+        assert store.held_jobs == 2
+        assert (held_c, await _loads(streams_redis)) == (loads, loads + 1)
 
 
 async def _text_keys(redis: Redis, job: JobKeys = CHAT_JOB) -> tuple[object, ...]:

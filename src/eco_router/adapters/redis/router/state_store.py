@@ -1,13 +1,15 @@
-"""Redis adapter of `StateStore`: loads the records of a batch's jobs in one pipeline, settles
-the batch with `domain.settle`, and stores the writes with one fenced `store_batch.lua` call."""
+"""Redis adapter of `StateStore`: holds the records of the jobs it wrote (under the shard's
+fencing token), loads those of a batch's other jobs in one pipeline, settles the batch with
+`domain.settle`, and stores the writes with one fenced `store_batch.lua` call."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from eco_router.adapters.redis.connections.connection import RedisClient
@@ -44,6 +46,20 @@ _TEXT = ("attempt", "seq", "id", "entry", "bytes", "full", "node", "run_at", "ru
 _ENDED = {b"1": (True, False), b"2": (True, True)}
 # unpack() in the script is bounded by the Lua stack: long argument lists go in chunks.
 _CHUNK = 1000
+# Jobs whose records a store holds at most, by default.
+DEFAULT_HELD_JOBS = 50_000
+
+
+@dataclass(slots=True)
+class _Held:
+    """A job's record as the store last loaded or wrote it, valid while its shard's fencing
+    token is `token` and until `expires` (server seconds: its keys may expire after)."""
+
+    stream: str
+    token: int
+    record: StoredJob
+    renewed: int | None
+    expires: int
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -59,7 +75,14 @@ class RedisLuaStateStore(StateStore):
     history whose sizes were not kept), then one `store_batch.lua` call that checks the fence
     and the read order and writes. A job's history keeps at most `history_size` payloads and
     `history_max_bytes` bytes (the newest always). With `replica_wait`, a batch counts as
-    applied (and is published) only once that many replicas have it."""
+    applied (and is published) only once that many replicas have it.
+
+    The lease holder is the only writer of its shards' jobs, so the store holds the records
+    of up to `held_jobs` jobs (the least recently used go first) and loads only those it does
+    not hold: a record is held under the shard's fencing token it was loaded and written
+    under, and only while its keys are sure to live (their TTLs were renewed recently enough).
+    A new token, a store call that failed, or one that was fenced or found a gap in the read
+    order drops the shard's records."""
 
     def __init__(
         self,
@@ -73,6 +96,7 @@ class RedisLuaStateStore(StateStore):
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
         replica_wait: ReplicaWait | None = None,
+        held_jobs: int = DEFAULT_HELD_JOBS,
     ) -> None:
         self._redis = redis
         self._replica_wait = replica_wait or ReplicaWait()
@@ -87,6 +111,12 @@ class RedisLuaStateStore(StateStore):
         self._renew_every = min(60, state_ttl_s // 10)
         self._history_ttl = state_ttl_s + self._renew_every
         self._markers_ttl = markers_ttl_s + self._renew_every
+        # A record is held this long after its keys' TTLs were renewed, well inside them.
+        self._hold_s = min(state_ttl_s, markers_ttl_s) - self._renew_every
+        self._held_jobs = held_jobs
+        self._held: OrderedDict[JobKey, _Held] = OrderedDict()
+        # Per shard, the fencing token its held records were loaded and written under.
+        self._tokens: dict[str, int] = {}
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
         # Per slot's hash tag, the server's time as its last reply gave it, and when.
@@ -135,15 +165,23 @@ class RedisLuaStateStore(StateStore):
         shards = list(fence)
         if not shards:
             return Applied([None] * len(events), stamps=[None] * len(events))
+        for stream, token in fence.items():
+            if self._tokens.get(stream) != token:
+                self._forget((stream,))
+                self._tokens[stream] = token
         shard_index = {stream: n for n, stream in enumerate(shards, 1)}
         mine = [n for n, e in enumerate(events) if e.event.stream in shard_index]
         batch = [events[n] for n in mine]
-        with redis_errors("load job records"):
-            records, renewed = await self._load(batch)
-            gone = await self._gone(batch, records)
-        settled = settle(batch, records, self._limits, gone)
         tag = hash_tag(shards[0])
         now = self._server_now(tag)
+        try:
+            with redis_errors("load job records"):
+                records, renewed = await self._records(batch, now)
+                gone = await self._gone(batch, records)
+        except BaseException:
+            self._forget(shards)
+            raise
+        settled = settle(batch, records, self._limits, gone)
         keys = [self._group_keys.epoch(stream) for stream in shards] + shards
         args: list[str | int | bytes] = [self._group, len(shards)]
         for stream, token in fence.items():
@@ -153,11 +191,14 @@ class RedisLuaStateStore(StateStore):
             args.append(checked)
         lines: list[str] = []
         values: list[str | int | bytes] = []
+        after = dict(records)
         for write in settled.writes:
-            self._write(
+            job = write.job
+            after[job] = write.record
+            renewed[job] = self._write(
                 write,
-                records[write.job],
-                renewed.get(write.job),
+                records[job],
+                renewed.get(job),
                 now,
                 shard_index[write.stream],
                 keys,
@@ -165,12 +206,20 @@ class RedisLuaStateStore(StateStore):
                 values,
             )
         args.append("".join(lines))
-        with redis_errors("store batch"):
-            fenced, gaps, (seconds, micros) = await self._replica_wait.call(
-                self._redis, self._script, keys, args + values, trips=self._trips
-            )
+        try:
+            with redis_errors("store batch"):
+                fenced, gaps, (seconds, micros) = await self._replica_wait.call(
+                    self._redis, self._script, keys, args + values, trips=self._trips
+                )
+        except BaseException:
+            # Written or not, the records held may no longer be what the keys hold.
+            self._forget(shards)
+            raise
         self._server_clocks[tag] = (int(seconds) + int(micros) / 1e6, time.monotonic())
         skipped = {shards[n - 1] for n in (*fenced, *gaps)}
+        self._forget(skipped)
+        streams = {item.event.job_key: item.event.stream for item in batch}
+        self._hold(after, renewed, streams, fence, skipped)
         judgements: list[Judgement | None] = [None] * len(events)
         stamps: list[bytes | None] = [None] * len(events)
         for n, judgement, fields in zip(mine, settled.judgements, settled.stamps, strict=True):
@@ -192,41 +241,61 @@ class RedisLuaStateStore(StateStore):
         server_s, at = known
         return int(server_s + time.monotonic() - at)
 
-    async def _load(
-        self, batch: Sequence[EncodedEvent]
-    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int]]:
-        """The records of the batch's jobs (with the markers of the seqs and lifecycle
-        markers it names; a job's text with its bytes when a terminal event may check it),
-        and when each job's TTLs were last renewed (server seconds)."""
-        asked: dict[JobKey, tuple[tuple[str, str, str, str, str], list[str], bool, bool]] = {}
+    async def _records(
+        self, batch: Sequence[EncodedEvent], now: int
+    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int | None]]:
+        """The records of the batch's jobs, held or loaded, and when each job's TTLs were
+        last renewed (server seconds). A held text's bytes are loaded only when a terminal
+        event may check them."""
+        records: dict[JobKey, StoredJob] = {}
+        renewed: dict[JobKey, int | None] = {}
+        asked: dict[JobKey, tuple[tuple[str, str, str, str, str], bool]] = {}
+        texts: dict[JobKey, str] = {}
+        held = self._held
         for item in batch:
             event = item.event
-            asking = asked.get(event.job_key)
-            if asking is None:
-                keys = _job_keys(event.domain, event.job_id, event.stream)
-                asking = (keys, [*_HEAD], False, False)
-            keys, fields, with_text, with_bytes = asking
-            if event.is_token:
-                with_text = True
-            elif event.is_lifecycle:
-                fields.append(event.lifecycle_marker)
-            else:
-                fields.append(str(event.seq))
-                if event.is_terminal:
-                    with_text = with_bytes = True
-            asked[event.job_key] = (keys, fields, with_text, with_bytes)
-        if not asked:
-            return {}, {}
+            job = event.job_key
+            if job not in records and job not in asked:
+                holding = held.get(job)
+                if holding is not None and now < holding.expires:
+                    records[job] = holding.record
+                    renewed[job] = holding.renewed
+                else:
+                    asked[job] = (_job_keys(event.domain, event.job_id, event.stream), False)
+            if not event.is_terminal:
+                continue
+            if job in asked:
+                asked[job] = (asked[job][0], True)
+            elif job not in texts:
+                text = records[job].text
+                if text is not None and text.content is None:
+                    texts[job] = _job_keys(event.domain, event.job_id, event.stream)[4]
+        if asked or texts:
+            loaded, loaded_renewed = await self._load(asked, texts, records)
+            records.update(loaded)
+            renewed.update(loaded_renewed)
+        return records, renewed
+
+    async def _load(
+        self,
+        asked: Mapping[JobKey, tuple[tuple[str, str, str, str, str], bool]],
+        texts: Mapping[JobKey, str],
+        held: Mapping[JobKey, StoredJob],
+    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int]]:
+        """The whole records of the `asked` jobs (a text's bytes when asked too), the bytes
+        of the `held` records' texts named by `texts`, and when each asked job's TTLs were
+        last renewed (server seconds)."""
         # On the store's kept connection, as the store call goes: through the pool a
         # pipeline costs the client about twice its round trip.
         async with self._redis.pipeline(transaction=False) as pipe:
-            for keys, fields, with_text, with_bytes in asked.values():
-                pipe.hmget(keys[2], fields)
+            for keys, with_bytes in asked.values():
+                pipe.hgetall(keys[2])
                 pipe.llen(keys[1])
-                if with_text:
-                    pipe.hmget(keys[3], _TEXT)
+                pipe.hmget(keys[3], _TEXT)
                 if with_bytes:
                     pipe.get(keys[4])
+            for text_key in texts.values():
+                pipe.get(text_key)
             answered = await self._trips.execute(pipe)
         refused = next((r for r in answered if isinstance(r, Exception)), None)
         if refused is not None:
@@ -235,27 +304,25 @@ class RedisLuaStateStore(StateStore):
         records: dict[JobKey, StoredJob] = {}
         renewed: dict[JobKey, int] = {}
         unsized: dict[JobKey, str] = {}
-        for job, (keys, fields, with_text, with_bytes) in asked.items():
-            known = next(replies)
+        for job, (keys, with_bytes) in asked.items():
+            known: dict[bytes, bytes] = next(replies)
             length = next(replies)
-            text = (
-                _text(next(replies), next(replies) if with_bytes else None) if with_text else None
-            )
-            last = _int(known[0])
+            text = _text(next(replies), (next(replies) or b"") if with_bytes else None)
+            last = _int(known.pop(b"last", None))
             last_seq = None if last is None or last < 0 else last
-            last_id = _int(known[1])
-            ended, after_end = _ENDED.get(known[2] or b"0", (False, False))
-            sizes = _sizes(known[3], known[4], length)
+            last_id = _int(known.pop(b"last_id", None))
+            ended, after_end = _ENDED.get(known.pop(b"ended", b"0"), (False, False))
+            sizes = _sizes(known.pop(b"sizes", None), known.pop(b"history_bytes", None), length)
             if sizes is None:
                 unsized[job] = keys[1]
                 sizes = ()
-            if known[5] is not None:
-                renewed[job] = int(known[5])
+            at = known.pop(b"renewed", None)
+            if at is not None:
+                renewed[job] = int(at)
             markers: dict[int, Marker] = {}
             lifecycle: dict[str, Marker] = {}
-            for name, value in zip(fields[len(_HEAD) :], known[len(_HEAD) :], strict=True):
-                if value is None:
-                    continue
+            for field_name, value in known.items():
+                name = field_name.decode()
                 if name.isdigit() or name.startswith("-"):
                     markers[int(name)] = _marker(value, name)
                 else:
@@ -270,6 +337,10 @@ class RedisLuaStateStore(StateStore):
                 history_sizes=sizes,
                 text=text,
             )
+        for job in texts:
+            record = held[job]
+            assert record.text is not None
+            records[job] = replace(record, text=replace(record.text, content=next(replies) or b""))
         if unsized:
             # A history kept by a release that did not keep its sizes: counted once.
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -279,6 +350,45 @@ class RedisLuaStateStore(StateStore):
                     sizes = tuple(len(p) for p in payloads)
                     records[job] = replace(records[job], history_sizes=sizes)
         return records, renewed
+
+    def _hold(
+        self,
+        records: Mapping[JobKey, StoredJob],
+        renewed: Mapping[JobKey, int | None],
+        streams: Mapping[JobKey, str],
+        fence: Mapping[str, int],
+        skipped: Collection[str],
+    ) -> None:
+        """Hold the batch's records, as stored, under their shards' tokens; the least
+        recently used beyond `held_jobs` go."""
+        held = self._held
+        hold_s = self._hold_s
+        for job, record in records.items():
+            stream = streams[job]
+            at = renewed.get(job)
+            if at is None or stream in skipped:
+                # Not known to be what the keys hold, or not how long they live.
+                held.pop(job, None)
+                continue
+            held[job] = _Held(stream, fence[stream], record, at, at + hold_s)
+            held.move_to_end(job)
+        while len(held) > self._held_jobs:
+            held.popitem(last=False)
+
+    def _forget(self, streams: Collection[str]) -> None:
+        """Drop the records held of `streams`' jobs, and the tokens they were held under."""
+        if not streams:
+            return
+        for stream in streams:
+            self._tokens.pop(stream, None)
+        held = self._held
+        for job in [job for job, h in held.items() if h.stream in streams]:
+            del held[job]
+
+    @property
+    def held_jobs(self) -> int:
+        """How many jobs' records the store holds."""
+        return len(self._held)
 
     async def _gone(
         self, batch: Sequence[EncodedEvent], records: Mapping[JobKey, StoredJob]
@@ -317,9 +427,10 @@ class RedisLuaStateStore(StateStore):
         keys: list[str],
         lines: list[str],
         values: list[str | int | bytes],
-    ) -> None:
+    ) -> int | None:
         """One job's write as the script's lines; TTLs renewed at most once per
-        `_renew_every` seconds (a clock that went back renews too)."""
+        `_renew_every` seconds (a clock that went back renews too). Returns when the job's
+        TTLs were last renewed once it is stored (server seconds)."""
         state_key, history, markers, text_state, text_key = _job_keys(*write.job, write.stream)
         base = len(keys)
         keys += (state_key, history, markers, text_state, text_key)
@@ -389,7 +500,7 @@ class RedisLuaStateStore(StateStore):
         if (record.ended, record.written_after_end) != (before.ended, before.written_after_end):
             marks += ["ended", "2" if record.written_after_end else "1" if record.ended else "0"]
         if not marks:
-            return
+            return renewed
         if due:
             marks += ["renewed", now]
         for at in range(0, len(marks), _CHUNK):
@@ -403,6 +514,8 @@ class RedisLuaStateStore(StateStore):
             if not text_changed:
                 line(4, "EXPIRE", self._history_ttl)
                 line(5, "EXPIRE", self._history_ttl)
+            return now
+        return renewed
 
     async def view(self, domain: str, job_id: str) -> JobView:
         """Views asked for in the same turn of the loop (a burst of browsers opening their
@@ -509,6 +622,7 @@ def _sizes(sizes: bytes | None, total: bytes | None, length: int) -> tuple[int, 
 
 
 def _text(known: list[bytes | None], content: bytes | None) -> StoredText | None:
+    """A text's state as kept, with its bytes (None: not loaded)."""
     attempt, seq, last_id, entry, size, full, node, run_at, runs = known
     if attempt is None:
         return None
@@ -519,7 +633,7 @@ def _text(known: list[bytes | None], content: bytes | None) -> StoredText | None
         last_seq=None if last_seq < 0 else last_seq,
         last_id=_int(last_id),
         last_entry=None if entry is None else entry.decode(),
-        content=content or b"",
+        content=content,
         size=int(size or 0),
         runs=tuple(TextRun(n.decode(), int(a), int(b)) for n, a, b in closed),
         node=(node or b"").decode(),
