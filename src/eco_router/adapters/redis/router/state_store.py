@@ -370,6 +370,11 @@ class RedisLuaStateStore(StateStore):
                 # Not known to be what the keys hold, or not how long they live.
                 held.pop(job, None)
                 continue
+            text = record.text
+            if text is not None and text.content is not None:
+                # The bytes are read again for the next check: held, a record's size does not
+                # grow with its text.
+                record = replace(record, text=replace(text, content=None))
             held[job] = _Held(stream, fence[stream], record, at, at + hold_s)
             held.move_to_end(job)
         while len(held) > self._held_jobs:
