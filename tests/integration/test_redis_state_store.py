@@ -179,7 +179,7 @@ async def store_writes(
     values: list[bytes | str | int] = []
     for shard, command, key, arguments in writes:
         keys.append(key)
-        lines.append(f"{shard} {command} {len(keys)} {len(arguments)}\n")
+        lines.append(f"{shard} {command} {len(keys)} {len(arguments)} {len(values)}\n")
         values += arguments
     fenced, gaps, (seconds, _) = await script(keys=keys, args=[*args, "".join(lines), *values])
     now_s, _ = await redis.time()
@@ -272,6 +272,21 @@ class TestStoreScript:
         assert await streams_redis.hgetall(JOB.markers) == {b"b": b"2"}
         assert 0 < await streams_redis.ttl(JOB.state) <= 50
         assert 50 < await streams_redis.ttl(JOB.history) <= 70
+
+    async def test_writes_may_share_the_values_given(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+        script = streams_redis.register_script(load_lua("store_batch.lua"))
+        # The payload pushed is the state set: one value, two lines.
+        lines = "1 RPUSH 3 1 0\n1 SET 4 3 0\n"
+
+        await script(
+            keys=[EPOCH, SHARD, JOB.history, JOB.state],
+            args=[GROUP, 1, "1", lines, b"payload", "EX", 50],
+        )
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"payload"]
+        assert await streams_redis.get(JOB.state) == b"payload"
+        assert 0 < await streams_redis.ttl(JOB.state) <= 50
 
     def test_the_script_is_at_most_150_lines(self) -> None:
         assert len(load_lua("store_batch.lua").splitlines()) <= 150

@@ -5,9 +5,10 @@
 -- ARGV: the consumer group, the number of shards, per shard one value: its token, followed,
 --       when there is a read to check, by " (<after> <first> <consumer>": where the read
 --       began (exclusive), the first entry it brought and the consumer that read it; then
---       one value holding every write's line, "<shard> <command> <key> <count>\n" (the
---       shard's and the key's 1-based indices), then the writes' arguments, `count` each, in
---       the lines' order.
+--       one value holding every write's line, "<shard> <command> <key> <count> <at>\n" (the
+--       shard's and the key's 1-based indices; the write's `count` arguments are the values
+--       from the `at`-th on, counted from 0), then the values. Lines may share values (a
+--       payload pushed to the history and set as the state is sent once).
 -- Returns {fenced shards, gap shards, TIME}: the 1-based indices of the shards whose token is
 -- no longer the caller's, then of those where an entry another consumer read (or a read whose
 -- reply was lost) comes before the read's first (their writes are left out), and the
@@ -41,18 +42,18 @@ end
 
 -- Every line is checked before anything is written: a script's writes are not undone.
 local lines = {}
-for shard, command, key, count in string.gmatch(ARGV[shards + 3], '(%d+) (%u+) (%d+) (%d+)\n') do
+local pattern = '(%d+) (%u+) (%d+) (%d+) (%d+)\n'
+for shard, command, key, count, at in string.gmatch(ARGV[shards + 3], pattern) do
   if not WRITES[command] then
     return redis.error_reply('store_batch: not a write: ' .. command)
   end
-  lines[#lines + 1] = { tonumber(shard), command, tonumber(key), tonumber(count) }
+  lines[#lines + 1] = { tonumber(shard), command, tonumber(key), tonumber(count), tonumber(at) }
 end
-local at = shards + 4
+local values = shards + 4
 for _, line in ipairs(lines) do
-  local count = line[4]
   if not skipped[line[1]] then
-    redis_call(line[2], KEYS[line[3]], unpack(ARGV, at, at + count - 1))
+    local at = values + line[5]
+    redis_call(line[2], KEYS[line[3]], unpack(ARGV, at, at + line[4] - 1))
   end
-  at = at + count
 end
 return { fenced, gaps, redis_call('TIME') }

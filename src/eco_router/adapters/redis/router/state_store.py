@@ -436,12 +436,20 @@ class RedisLuaStateStore(StateStore):
         """One job's write as the script's lines; TTLs renewed at most once per
         `_renew_every` seconds (a clock that went back renews too). Returns when the job's
         TTLs were last renewed once it is stored (server seconds)."""
-        state_key, history, markers, text_state, text_key = _job_keys(*write.job, write.stream)
-        base = len(keys)
-        keys += (state_key, history, markers, text_state, text_key)
+        job_keys = _job_keys(*write.job, write.stream)
+        # Only the keys written are given, each once: every argument costs the server.
+        named = [0, 0, 0, 0, 0, 0]
 
-        def line(key: int, command: str, *arguments: str | int | bytes) -> None:
-            lines.append(f"{shard} {command} {base + key} {len(arguments)}\n")
+        def key(kind: int) -> int:
+            at = named[kind]
+            if not at:
+                keys.append(job_keys[kind - 1])
+                at = named[kind] = len(keys)
+            return at
+
+        def line(kind: int, command: str, *arguments: str | int | bytes) -> None:
+            at = named[kind] or key(kind)
+            lines.append(f"{shard} {command} {at} {len(arguments)} {len(values)}\n")
             values.extend(arguments)
 
         due = renewed is None or now - renewed >= self._renew_every or now < renewed
@@ -479,9 +487,19 @@ class RedisLuaStateStore(StateStore):
             if due or before.text is None or write.text_restarted:
                 line(4, "EXPIRE", self._history_ttl)
                 line(5, "EXPIRE", self._history_ttl)
-        if write.state is not None:
-            line(1, "SET", write.state, "EX", self._state_ttl)
-        elif write.appended and due:
+        appended = write.appended
+        state = write.state
+        if appended:
+            for at in range(0, len(appended), _CHUNK):
+                line(2, "RPUSH", *appended[at : at + _CHUNK])
+            if state is appended[-1]:
+                # The state is the payload just pushed: sent once, its SET takes it from there.
+                lines.append(f"{shard} SET {key(1)} 3 {len(values) - 1}\n")
+                values += ("EX", self._state_ttl)
+                state = None
+        if state is not None:
+            line(1, "SET", state, "EX", self._state_ttl)
+        elif appended and write.state is None and due:
             # Lifecycle events alone: the state stays, and lives as long as the history.
             line(1, "EXPIRE", self._history_ttl)
         marks: list[str | int | bytes] = []
@@ -489,9 +507,7 @@ class RedisLuaStateStore(StateStore):
             marks += [seq, marker.entry.encode() + b" " + marker.stamp]
         for name, marker in write.lifecycle.items():
             marks += [name, marker.entry.encode() + b" " + marker.stamp]
-        if write.appended:
-            for at in range(0, len(write.appended), _CHUNK):
-                line(2, "RPUSH", *write.appended[at : at + _CHUNK])
+        if appended:
             if write.dropped:
                 line(2, "LTRIM", write.dropped, -1)
             if due or not before.history_sizes:
