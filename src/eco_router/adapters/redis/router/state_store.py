@@ -403,14 +403,18 @@ class RedisLuaStateStore(StateStore):
         asked = sorted(gone_candidates(batch, records))
         if not asked:
             return frozenset()
+        streams = sorted({stream for stream, _ in asked})
         async with self._redis.pipeline(transaction=False) as pipe:
             for stream, entry in asked:
                 pipe.xrange(stream, entry, entry, count=1)
+            # One XINFO STREAM per stream, however many of its entries are asked about.
+            for stream in streams:
                 pipe.xinfo_stream(stream)
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._trips.execute(pipe)
+        infos = dict(zip(streams, replies[len(asked) :], strict=True))
         gone = set()
-        for n, (_, entry) in enumerate(asked):
-            held, info = replies[2 * n], replies[2 * n + 1]
+        for (stream, entry), held in zip(asked, replies, strict=False):
+            info = infos[stream]
             if isinstance(held, Exception) or held or isinstance(info, Exception):
                 continue
             deleted = _get(info, "max-deleted-entry-id")
