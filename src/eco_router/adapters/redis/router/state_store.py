@@ -440,31 +440,19 @@ class RedisLuaStateStore(StateStore):
         """One job's write as the script's lines; TTLs renewed at most once per
         `_renew_every` seconds (a clock that went back renews too). Returns when the job's
         TTLs were last renewed once it is stored (server seconds)."""
-        job_keys = _job_keys(*write.job, write.stream)
-        # Only the keys written are given, each once: every argument costs the server.
-        named = [0, 0, 0, 0, 0, 0]
-
-        def key(kind: int) -> int:
-            at = named[kind]
-            if not at:
-                keys.append(job_keys[kind - 1])
-                at = named[kind] = len(keys)
-            return at
-
-        def line(kind: int, command: str, *arguments: str | int | bytes) -> None:
-            at = named[kind] or key(kind)
-            lines.append(f"{shard} {command} {at} {len(arguments)} {len(values)}\n")
-            values.extend(arguments)
-
+        # (key: 1 state, 2 history, 3 markers, 4 text state, 5 text; command; arguments),
+        # turned into lines at the end; None: the state, the payload pushed just before.
+        writes: list[tuple[int, str, Sequence[str | int | bytes] | None]] = []
+        line = writes.append
         due = renewed is None or now - renewed >= self._renew_every or now < renewed
         record = write.record
         text = record.text
         text_changed = text is not None and text != before.text
         if text is not None and text_changed:
             if write.text_restarted and (before.text is not None or write.text_appended):
-                line(5, "SET", write.text_appended)
+                line((5, "SET", (write.text_appended,)))
             elif write.text_appended:
-                line(5, "APPEND", write.text_appended)
+                line((5, "APPEND", (write.text_appended,)))
             runs = "".join(f"{r.node}\t{r.start}\t{r.end}\n" for r in text.runs)
             fields: list[str | int | bytes] = [
                 "attempt",
@@ -484,28 +472,27 @@ class RedisLuaStateStore(StateStore):
             ]
             if text.last_id is not None and text.last_entry is not None:
                 fields += ["id", text.last_id, "entry", text.last_entry]
-            line(4, "HSET", *fields)
+            line((4, "HSET", fields))
             if text.last_id is None and before.text is not None:
                 # No token of the new attempt was written: the old attempt's last one is not its.
-                line(4, "HDEL", "id", "entry")
+                line((4, "HDEL", ("id", "entry")))
             if due or before.text is None or write.text_restarted:
-                line(4, "EXPIRE", self._history_ttl)
-                line(5, "EXPIRE", self._history_ttl)
+                line((4, "EXPIRE", (self._history_ttl,)))
+                line((5, "EXPIRE", (self._history_ttl,)))
         appended = write.appended
         state = write.state
         if appended:
             for at in range(0, len(appended), _CHUNK):
-                line(2, "RPUSH", *appended[at : at + _CHUNK])
+                line((2, "RPUSH", appended[at : at + _CHUNK]))
             if state is appended[-1]:
                 # The state is the payload just pushed: sent once, its SET takes it from there.
-                lines.append(f"{shard} SET {key(1)} 3 {len(values) - 1}\n")
-                values += ("EX", self._state_ttl)
+                line((1, "SET", None))
                 state = None
         if state is not None:
-            line(1, "SET", state, "EX", self._state_ttl)
+            line((1, "SET", (state, "EX", self._state_ttl)))
         elif appended and write.state is None and due:
             # Lifecycle events alone: the state stays, and lives as long as the history.
-            line(1, "EXPIRE", self._history_ttl)
+            line((1, "EXPIRE", (self._history_ttl,)))
         marks: list[str | int | bytes] = []
         for seq, marker in write.markers.items():
             marks += [seq, marker.entry.encode() + b" " + marker.stamp]
@@ -513,9 +500,9 @@ class RedisLuaStateStore(StateStore):
             marks += [name, marker.entry.encode() + b" " + marker.stamp]
         if appended:
             if write.dropped:
-                line(2, "LTRIM", write.dropped, -1)
+                line((2, "LTRIM", (write.dropped, -1)))
             if due or not before.history_sizes:
-                line(2, "EXPIRE", self._history_ttl)
+                line((2, "EXPIRE", (self._history_ttl,)))
             sizes = record.history_sizes
             marks += ["sizes", ",".join(map(str, sizes)), "history_bytes", sum(sizes)]
             if record.last_seq is not None:
@@ -524,22 +511,35 @@ class RedisLuaStateStore(StateStore):
             marks += ["last_id", record.last_id]
         if (record.ended, record.written_after_end) != (before.ended, before.written_after_end):
             marks += ["ended", "2" if record.written_after_end else "1" if record.ended else "0"]
-        if not marks:
-            return renewed
-        if due:
-            marks += ["renewed", now]
-        for at in range(0, len(marks), _CHUNK):
-            line(3, "HSET", *marks[at : at + _CHUNK])
-        if due:
-            line(3, "EXPIRE", self._markers_ttl)
-            # The keys of the kind that did not come are renewed with the others, or they
-            # would expire while the job goes on.
-            if not write.appended:
-                line(2, "EXPIRE", self._history_ttl)
-            if not text_changed:
-                line(4, "EXPIRE", self._history_ttl)
-                line(5, "EXPIRE", self._history_ttl)
-            return now
+        if marks:
+            if due:
+                marks += ["renewed", now]
+            for at in range(0, len(marks), _CHUNK):
+                line((3, "HSET", marks[at : at + _CHUNK]))
+            if due:
+                line((3, "EXPIRE", (self._markers_ttl,)))
+                # The keys of the kind that did not come are renewed with the others, or they
+                # would expire while the job goes on.
+                if not write.appended:
+                    line((2, "EXPIRE", (self._history_ttl,)))
+                if not text_changed:
+                    line((4, "EXPIRE", (self._history_ttl,)))
+                    line((5, "EXPIRE", (self._history_ttl,)))
+                renewed = now
+        # Only the keys written are given, each once: every argument costs the server.
+        job_keys = _job_keys(*write.job, write.stream)
+        named = [0, 0, 0, 0, 0, 0]
+        for kind, command, arguments in writes:
+            key = named[kind]
+            if not key:
+                keys.append(job_keys[kind - 1])
+                key = named[kind] = len(keys)
+            if arguments is None:
+                lines.append(f"{shard} {command} {key} 3 {len(values) - 1}\n")
+                values += ("EX", self._state_ttl)
+            else:
+                lines.append(f"{shard} {command} {key} {len(arguments)} {len(values)}\n")
+                values += arguments
         return renewed
 
     async def view(self, domain: str, job_id: str) -> JobView:
