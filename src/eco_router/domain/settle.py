@@ -53,17 +53,14 @@ class Marker:
 @dataclass(frozen=True, slots=True)
 class StoredText:
     """A job's text as kept: the attempt it belongs to, its last token (seq, id, entry), its
-    bytes (`content`: None when the store did not load them, as it needs them only for a
-    terminal event's check) and their count, which node wrote which stretch (the runs
-    closed, and the node writing now, "" for none, from `run_at` on), and whether it is
-    full."""
+    bytes, which node wrote which stretch (the runs closed, and the node writing now, "" for
+    none, from `run_at` on), and whether it is full."""
 
     attempt: int
     last_seq: int | None = None
     last_id: int | None = None
     last_entry: str | None = None
-    content: bytes | None = b""
-    size: int = 0
+    content: bytes = b""
     runs: tuple[TextRun, ...] = ()
     node: str = ""
     run_at: int = 0
@@ -73,7 +70,7 @@ class StoredText:
         """Every run, the one being written included."""
         if not self.node:
             return self.runs
-        return (*self.runs, TextRun(self.node, self.run_at, self.size))
+        return (*self.runs, TextRun(self.node, self.run_at, len(self.content)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +230,6 @@ class _Text:
         "node",
         "run_at",
         "runs",
-        "stored_size",
     )
 
     def __init__(self, text: StoredText) -> None:
@@ -242,7 +238,6 @@ class _Text:
         self.last_id = text.last_id
         self.last_entry = text.last_entry
         self.content = text.content
-        self.stored_size = text.size
         self.appended = bytearray()
         self.runs = text.runs
         self.node = text.node
@@ -251,7 +246,7 @@ class _Text:
 
     @property
     def size(self) -> int:
-        return self.stored_size + len(self.appended)
+        return len(self.content) + len(self.appended)
 
     def append(self, event: JobEvent, event_id: int) -> None:
         """Add a token applied with `event_id`: the node's run grows or a new one begins."""
@@ -269,9 +264,7 @@ class _Text:
         self.last_entry = event.stream_id
 
     def text_bytes(self) -> bytes:
-        content = self.content
-        assert content is not None, "a terminal event's check needs the text's bytes loaded"
-        return content + self.appended
+        return self.content + self.appended
 
     def stored(self) -> StoredText:
         return StoredText(
@@ -279,8 +272,7 @@ class _Text:
             last_seq=self.last_seq,
             last_id=self.last_id,
             last_entry=self.last_entry,
-            content=None if self.content is None else self.content + self.appended,
-            size=self.size,
+            content=self.text_bytes(),
             runs=self.runs,
             node=self.node,
             run_at=self.run_at,
