@@ -33,11 +33,11 @@ from eco_router.adapters.json_codec import OrjsonEventDecoder
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
 from eco_router.adapters.prometheus.gateway_metrics import PrometheusGatewayMetrics
-from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
+from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers
 from eco_router.adapters.system_clock import SystemClock
-from eco_router.application.ports import EventFeed, FeedSubscription
 from eco_router.application.stream_job_events import StreamJobEvents
 from eco_router.entrypoints.http.frame_writer import ConnectionWrites, TransportFrameWriter
+from eco_router.testing.confirmed_feed import ConfirmedFeed
 
 DOMAIN = "scan"
 JOB = "fan"
@@ -67,25 +67,6 @@ class _Transport:
         return False
 
 
-class _ViewersFeed(EventFeed):
-    """The Pub/Sub adapter's viewers, confirmed at once: no Redis."""
-
-    def __init__(self, viewers: ChannelViewers) -> None:
-        self.viewers = viewers
-
-    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
-        viewer, first = self.viewers.join(self._leave, f"events:{job_id}", domain)
-        if first:
-            self.viewers.subscribed(f"events:{job_id}")
-        return viewer
-
-    async def _leave(self, viewer: Viewer) -> None:
-        self.viewers.leave(viewer)
-
-    def close_viewers(self) -> None:
-        self.viewers.close_all()
-
-
 def payload(event_id: int) -> bytes:
     return orjson.dumps(
         {
@@ -105,7 +86,7 @@ async def measure(viewers: int, events: int, rounds: int, profile: bool) -> list
     clock = SystemClock()
     decoder = OrjsonEventDecoder()
     metrics = PrometheusGatewayMetrics(CollectorRegistry())
-    feed = _ViewersFeed(ChannelViewers(decoder=decoder, metrics=metrics, queue_size=256))
+    feed = ConfirmedFeed(ChannelViewers(decoder=decoder, metrics=metrics, queue_size=256))
     store = InMemoryStateStore(
         clock=clock,
         streams=InMemoryStreams(clock),

@@ -21,6 +21,7 @@ from tests.integration.served_gateway import ServedGateway, gateway_settings, se
 from tests.integration.sse_client import open_sse, sse_client
 from tests.integration.support import CHANNEL_PREFIX, eventually
 from tests.integration.test_gateway import Gateway, Gateways
+from tests.raw_http import PATIENCE_S, address_of, connected, until_closed
 
 QUEUE_SIZE = 256  # the documented default of EVENT_ROUTER_SSE_QUEUE_SIZE
 
@@ -162,8 +163,6 @@ QUICK_TIMEOUTS = {
     "EVENT_ROUTER_HTTP_HEADER_TIMEOUT_S": "1",
     "EVENT_ROUTER_HTTP_IDLE_TIMEOUT_S": "1",
 }
-# Only bounds how long a test waits for the server to act; never what it asserts.
-PATIENCE_S = 20
 
 
 @pytest.fixture(params=["httptools", "h11"])
@@ -185,28 +184,6 @@ def quick_gateway(
     )
 
 
-@contextlib.asynccontextmanager
-async def raw_connection(
-    base_url: str,
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    host, port = base_url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-
-
-async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    try:
-        return await asyncio.wait_for(reader.read(), PATIENCE_S)
-    except TimeoutError:
-        raise AssertionError(f"the server kept the connection open {PATIENCE_S} s") from None
-
-
 HEALTH = b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n"
 
 
@@ -215,36 +192,36 @@ class TestSlowClients:
         self, quick_gateway: Gateway
     ) -> None:
         async with (
-            raw_connection(quick_gateway.base_url) as (partial, partial_writer),
-            raw_connection(quick_gateway.base_url) as (silent, _),
+            connected(address_of(quick_gateway.base_url)) as (partial, partial_writer),
+            connected(address_of(quick_gateway.base_url)) as (silent, _),
         ):
             partial_writer.write(b"GET /health HTTP/1.1\r\nHost: gateway\r\nX-Slow: a")
             await partial_writer.drain()
 
-            assert await closed_by_server(partial) == b""
-            assert await closed_by_server(silent) == b""
+            assert await until_closed(partial) == b""
+            assert await until_closed(silent) == b""
         async with sse_client(quick_gateway.base_url) as http:
             assert (await http.get("/health")).status_code == 200
 
     async def test_a_kept_alive_connection_that_starts_a_request_and_stalls_is_closed(
         self, quick_gateway: Gateway
     ) -> None:
-        async with raw_connection(quick_gateway.base_url) as (reader, writer):
+        async with connected(address_of(quick_gateway.base_url)) as (reader, writer):
             writer.write(HEALTH)
             await writer.drain()
             status_line = await asyncio.wait_for(reader.readline(), PATIENCE_S)
             writer.write(b"GET /health HTTP/1.1\r\nHo")
             await writer.drain()
-            rest = await closed_by_server(reader)
+            rest = await until_closed(reader)
 
         assert status_line.startswith(b"HTTP/1.1 200")
         assert rest.count(b"HTTP/1.1") == 0  # the stalled request got no answer
 
     async def test_an_idle_kept_alive_connection_is_closed(self, quick_gateway: Gateway) -> None:
-        async with raw_connection(quick_gateway.base_url) as (reader, writer):
+        async with connected(address_of(quick_gateway.base_url)) as (reader, writer):
             writer.write(HEALTH)
             await writer.drain()
-            answered = await closed_by_server(reader)
+            answered = await until_closed(reader)
 
         assert answered.startswith(b"HTTP/1.1 200")
 
@@ -264,14 +241,15 @@ class TestSlowClients:
         )
         async with contextlib.AsyncExitStack() as stack:
             held = [
-                await stack.enter_async_context(raw_connection(gateway.base_url)) for _ in "abc"
+                await stack.enter_async_context(connected(address_of(gateway.base_url)))
+                for _ in "abc"
             ]
-            async with raw_connection(gateway.base_url) as (reader, writer):
+            async with connected(address_of(gateway.base_url)) as (reader, writer):
                 writer.write(HEALTH)
                 await writer.drain()
-                refused = await closed_by_server(reader)
+                refused = await until_closed(reader)
             for reader, _ in held:  # they sent nothing: the header timeout closes them
-                assert await closed_by_server(reader) == b""
+                assert await until_closed(reader) == b""
         async with sse_client(gateway.base_url) as http:
             after = await http.get("/health")
 
@@ -293,13 +271,13 @@ class TestSlowClients:
         )
         async with contextlib.AsyncExitStack() as stack:
             for _ in "ab":  # the cap, then one past it: twice the cap in all
-                await stack.enter_async_context(raw_connection(gateway.base_url))
-            async with raw_connection(gateway.base_url) as (reader, writer):
+                await stack.enter_async_context(connected(address_of(gateway.base_url)))
+            async with connected(address_of(gateway.base_url)) as (reader, writer):
                 writer.write(HEALTH)
                 with contextlib.suppress(ConnectionError):
                     await writer.drain()
                 try:
-                    answer = await closed_by_server(reader)
+                    answer = await until_closed(reader)
                 except ConnectionResetError:
                     answer = b""
 

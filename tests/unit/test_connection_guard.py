@@ -18,6 +18,7 @@ from eco_router.domain.sse import Frame
 from eco_router.entrypoints.http.frame_writer import FRAME_WRITER, TransportFrameWriter
 from eco_router.entrypoints.http.server_config import server_config
 from eco_router.entrypoints.settings import load_settings
+from tests.raw_http import connected, until_closed
 from tests.unit.factories import eventually
 
 # Only bounds how long a test waits for the server to act; never what it asserts.
@@ -84,27 +85,6 @@ async def serving(app: App, parser: str, **settings: object) -> AsyncIterator[tu
         server.should_exit = True
         await asyncio.wait_for(task, PATIENCE_S)
         sock.close()
-
-
-@contextlib.asynccontextmanager
-async def connected(
-    address: tuple[str, int],
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    reader, writer = await asyncio.open_connection(*address)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-
-
-async def until_closed(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    try:
-        return await asyncio.wait_for(reader.read(), PATIENCE_S)
-    except ConnectionResetError:
-        return b""
 
 
 async def head_of(reader: asyncio.StreamReader) -> bytes:

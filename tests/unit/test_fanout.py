@@ -16,10 +16,11 @@ from eco_router.adapters.memory.clock import ManualClock
 from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.adapters.memory.streams import InMemoryStreams
-from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers, Viewer
-from eco_router.application.ports import EventDecoder, EventFeed, FeedSubscription, FrameWriter
+from eco_router.adapters.redis.gateway.channel_viewers import ChannelViewers
+from eco_router.application.ports import EventDecoder, FrameWriter
 from eco_router.application.stream_job_events import JobStream, StreamJobEvents
 from eco_router.domain.sse import Frame, GatewayEvent
+from eco_router.testing.confirmed_feed import ConfirmedFeed
 from tests.unit.factories import START_MS, eventually
 
 CHANNEL = "events:job-1"
@@ -75,26 +76,6 @@ class Connection(FrameWriter):
 
     def stop_keepalive(self) -> None:
         return None
-
-
-class ConfirmedFeed(EventFeed):
-    """The Pub/Sub adapter's viewers, each channel confirmed as it is subscribed: the fan-out
-    as the adapter's reader runs it, without the Redis connection."""
-
-    def __init__(self, viewers: ChannelViewers) -> None:
-        self.viewers = viewers
-
-    async def subscribe(self, domain: str, job_id: str) -> FeedSubscription:
-        viewer, first = self.viewers.join(self._leave, f"events:{job_id}", domain)
-        if first:
-            self.viewers.subscribed(f"events:{job_id}")
-        return viewer
-
-    async def _leave(self, viewer: Viewer) -> None:
-        self.viewers.leave(viewer)
-
-    def close_viewers(self) -> None:
-        self.viewers.close_all()
 
 
 def published(event_id: int) -> bytes:

@@ -23,12 +23,14 @@ import redis.sentinel
 from redis.exceptions import RedisError
 
 from eco_router.adapters.redis.connections.failover_watch import (
-    _LISTEN_S,
-    _RETRY_S,
     CHANNELS,
     HOLD_S,
+    LISTEN_S,
+    RETRY_S,
     Address,
     FailoverState,
+    Listeners,
+    text,
 )
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,12 @@ class BlockingFailoverWatch:
         self._open.set()
         self._stop = threading.Event()
         self._started_in: int | None = None
-        # The sentinels (their clients' ids) whose announcements arrive now.
-        self.listening: set[int] = set()
+        self._listeners = Listeners()
+
+    @property
+    def listening(self) -> set[int]:
+        """The sentinels (their clients' ids) whose announcements arrive now."""
+        return self._listeners.listening
 
     def until_open(self) -> None:
         """Return once no failover holds the group's connections (at most `HOLD_S`)."""
@@ -84,7 +90,7 @@ class BlockingFailoverWatch:
                 ).start()
 
     def stop(self) -> None:
-        """End the listening threads (each within `_LISTEN_S`)."""
+        """End the listening threads (each within `LISTEN_S`)."""
         self._stop.set()
 
     def promoted_in_place_of(self, address: Address) -> Address:
@@ -121,36 +127,21 @@ class BlockingFailoverWatch:
     def _listen(self, sentinel: redis.Redis) -> None:
         """Announcements of one sentinel, resubscribed after any failure; a sentinel that is
         down is logged once until it answers again (the others still speak)."""
-        failing = False
         while not self._stop.is_set() and self._pool() is not None:
             try:
                 with sentinel.pubsub(ignore_subscribe_messages=True) as pubsub:  # type: ignore[no-untyped-call]
                     pubsub.subscribe(*CHANNELS)
-                    self.listening.add(id(sentinel))
-                    if failing:
-                        log.info("sentinel %s answers again", _address(sentinel))
-                        failing = False
+                    self._listeners.up(sentinel)
                     while not self._stop.is_set() and self._pool() is not None:
-                        # Shorter than the sentinel client's socket timeout, which would
-                        # otherwise end a quiet subscription with a timeout error.
-                        message = pubsub.get_message(timeout=_LISTEN_S)
+                        message = pubsub.get_message(timeout=LISTEN_S)
                         if message is not None:
-                            self.on_announcement(_text(message["channel"]), _text(message["data"]))
+                            self.on_announcement(text(message["channel"]), text(message["data"]))
             # Whatever stops a listener, it comes back: without it only failovers are slower
             # to notice.
             except Exception as error:
-                self.listening.discard(id(sentinel))
-                if not failing:
-                    log.warning(
-                        "sentinel %s: not following its failover announcements (%s); "
-                        "retrying every %.0f s",
-                        _address(sentinel),
-                        type(error).__name__,
-                        _RETRY_S,
-                    )
-                    failing = True
-            self._stop.wait(_RETRY_S)
-        self.listening.discard(id(sentinel))
+                self._listeners.down(sentinel, error)
+            self._stop.wait(RETRY_S)
+        self._listeners.gone(sentinel)
 
 
 class WatchedBlockingSentinelConnection(redis.sentinel.SentinelManagedConnection):
@@ -186,12 +177,3 @@ def watch_failovers_blocking(client: redis.Redis, sentinels: list[redis.Redis]) 
     # Connections reach their pool through its proxy: the watch goes where they look.
     pool.proxy.failover_watch = watch  # type: ignore[attr-defined]
     pool.failover_watch = watch  # type: ignore[attr-defined]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _address(sentinel: redis.Redis) -> str:
-    kwargs = sentinel.connection_pool.connection_kwargs
-    return f"{kwargs.get('host')}:{kwargs.get('port')}"

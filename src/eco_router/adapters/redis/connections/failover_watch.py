@@ -42,8 +42,10 @@ CHANNELS = (PROMOTING, SWITCHED, *ABORTED)
 # Longest wait for the end of a failover once its promotion was announced: Sentinel ends one
 # in about a second; a leader that died meanwhile must not stop the clients for good.
 HOLD_S = 10.0
-_RETRY_S = 1.0
-_LISTEN_S = 1.0
+RETRY_S = 1.0
+# A listener's wait for the next announcement: shorter than the sentinel client's socket
+# timeout, which would otherwise end a quiet subscription with a timeout error.
+LISTEN_S = 1.0
 
 
 Address = tuple[str, int]
@@ -112,6 +114,36 @@ class FailoverState:
         return self.moved[1]
 
 
+class Listeners:
+    """Which sentinels' announcements arrive now (their clients' ids, in `listening`), for
+    a listener of either kind: a sentinel that stops answering is logged once, and again
+    once it answers."""
+
+    def __init__(self) -> None:
+        self.listening: set[int] = set()
+        self._failing: set[int] = set()
+
+    def up(self, sentinel: Any) -> None:
+        self.listening.add(id(sentinel))
+        if id(sentinel) in self._failing:
+            self._failing.discard(id(sentinel))
+            log.info("sentinel %s answers again", _address(sentinel))
+
+    def down(self, sentinel: Any, error: BaseException) -> None:
+        self.listening.discard(id(sentinel))
+        if id(sentinel) not in self._failing:
+            self._failing.add(id(sentinel))
+            log.warning(
+                "sentinel %s: not following its failover announcements (%s); retrying every %.0f s",
+                _address(sentinel),
+                type(error).__name__,
+                RETRY_S,
+            )
+
+    def gone(self, sentinel: Any) -> None:
+        self.listening.discard(id(sentinel))
+
+
 class FailoverWatch:
     """One Sentinel group's announcements, followed for one connection pool: it is emptied
     and held closed from a promotion until the failover ends."""
@@ -124,8 +156,12 @@ class FailoverWatch:
         self._tasks: set[asyncio.Task[None]] = set()
         self._leaving: set[asyncio.Task[None]] = set()
         self._state = FailoverState(pool.service_name)
-        # The sentinels (their clients' ids) whose announcements arrive now.
-        self.listening: set[int] = set()
+        self._listeners = Listeners()
+
+    @property
+    def listening(self) -> set[int]:
+        """The sentinels (their clients' ids) whose announcements arrive now."""
+        return self._listeners.listening
 
     async def until_open(self) -> None:
         """Return once no failover holds the group's connections (at most `HOLD_S`)."""
@@ -191,35 +227,20 @@ class FailoverWatch:
     async def _listen(self, sentinel: Redis) -> None:
         """Announcements of one sentinel, resubscribed after any failure; a sentinel that is
         down is logged once until it answers again (the others still speak)."""
-        failing = False
         while True:
             try:
                 async with sentinel.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(*CHANNELS)
-                    self.listening.add(id(sentinel))
-                    if failing:
-                        log.info("sentinel %s answers again", _address(sentinel))
-                        failing = False
+                    self._listeners.up(sentinel)
                     while True:
-                        # A wait shorter than the sentinel client's socket timeout, which
-                        # would otherwise end a quiet subscription with a timeout error.
-                        message = await pubsub.get_message(timeout=_LISTEN_S)
+                        message = await pubsub.get_message(timeout=LISTEN_S)
                         if message is not None:
-                            self.on_announcement(_text(message["channel"]), _text(message["data"]))
+                            self.on_announcement(text(message["channel"]), text(message["data"]))
             # Whatever stops a listener, it comes back: without it only failovers are slower
             # to notice.
             except Exception as error:
-                self.listening.discard(id(sentinel))
-                if not failing:
-                    log.warning(
-                        "sentinel %s: not following its failover announcements (%s); "
-                        "retrying every %.0f s",
-                        _address(sentinel),
-                        type(error).__name__,
-                        _RETRY_S,
-                    )
-                    failing = True
-            await asyncio.sleep(_RETRY_S)
+                self._listeners.down(sentinel, error)
+            await asyncio.sleep(RETRY_S)
 
 
 class WatchedSentinelPoolMixin:
@@ -270,10 +291,10 @@ class WatchedSentinelSSLConnection(WatchedSentinelConnection, SSLConnection):
     """`WatchedSentinelConnection` over TLS."""
 
 
-def _text(value: bytes | str) -> str:
+def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _address(sentinel: Redis) -> str:
+def _address(sentinel: Any) -> str:
     kwargs = sentinel.connection_pool.connection_kwargs
     return f"{kwargs.get('host')}:{kwargs.get('port')}"
