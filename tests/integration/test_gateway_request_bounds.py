@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,9 +16,8 @@ import pytest
 
 from eco_router.testing import RedisServer
 from tests.integration.test_gateway import Gateway, Gateways
+from tests.raw_http import PATIENCE_S, address_of, connected, until_closed
 
-# Only bounds how long a test waits for the server to act; never what it asserts.
-PATIENCE_S = 20
 HEALTH = b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n"
 MIB = 1024 * 1024
 # What an attacking connection tries to send; far more than the memory a test allows to grow.
@@ -66,38 +65,12 @@ def gateway(
     )
 
 
-def address(base_url: str) -> tuple[str, int]:
-    host, port = base_url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-@contextlib.asynccontextmanager
-async def raw_connection(
-    base_url: str, *, source: str | None = None
-) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    local = (source, 0) if source else None
-    reader, writer = await asyncio.open_connection(*address(base_url), local_addr=local)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-
-
 async def answer_and_close(base_url: str, request: bytes) -> bytes:
     """Everything the server sends to `request` (sent in one write) until it closes."""
-    async with raw_connection(base_url) as (reader, writer):
+    async with connected(address_of(base_url)) as (reader, writer):
         writer.write(request)
         await writer.drain()
-        return await closed_by_server(reader)
-
-
-async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await asyncio.wait_for(reader.read(), PATIENCE_S)
-    except TimeoutError:
-        raise AssertionError(f"the server kept the connection open {PATIENCE_S} s") from None
+        return await until_closed(reader)
 
 
 def status_of(answer: bytes) -> int:
@@ -211,9 +184,9 @@ class TestRequestBodies:
             EVENT_ROUTER_CONSOLE="true",
             EVENT_ROUTER_HTTP_BODY_TIMEOUT_S="1",
         )
-        async with raw_connection(gateway.base_url) as (reader, writer):
+        async with connected(address_of(gateway.base_url)) as (reader, writer):
             writer.write(post("/console/api/session", "Content-Length: 1000"))
-            answer = asyncio.ensure_future(closed_by_server(reader))
+            answer = asyncio.ensure_future(until_closed(reader))
             with contextlib.suppress(ConnectionError):
                 while not answer.done():
                     writer.write(b" ")
@@ -258,7 +231,7 @@ async def attack(gateway: Gateway, start: bytes, piece: bytes) -> tuple[list[int
 
 async def send_until_cut_off(base_url: str, start: bytes, piece: bytes) -> int:
     sent = 0
-    async with raw_connection(base_url) as (_, writer):
+    async with connected(address_of(base_url)) as (_, writer):
         try:
             writer.write(start)
             while sent < ATTACK_BYTES:
@@ -306,7 +279,7 @@ class TestConnectionsPerAddress:
         )
         async with contextlib.AsyncExitStack() as stack:
             held = [
-                await stack.enter_async_context(raw_connection(gateway.base_url))
+                await stack.enter_async_context(connected(address_of(gateway.base_url)))
                 for _ in range(150)
             ]
             # Past the cap each one is closed unanswered; the ones within it are served.

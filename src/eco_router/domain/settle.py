@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from eco_router.domain.control import lifecycle_event_id
-from eco_router.domain.event import LIFECYCLE_STAGES, TOKEN_STAGE, JobEvent
+from eco_router.domain.event import JobEvent
 from eco_router.domain.text import (
     TextCheck,
     TextRecord,
@@ -191,15 +191,14 @@ def settle(
     text_max_bytes = limits.text_max_bytes
     for item in events:
         event = item.event
-        key = (event.domain, event.job_id)
+        key = event.job_key
         job = by_job.get(key)
         if job is None:
             job = by_job[key] = _Settling(event.stream, records.get(key) or StoredJob(), gone)
-        stage = event.stage
-        if stage == TOKEN_STAGE:
+        if event.is_token:
             judgement = judge_token(event, job, text_max_bytes=text_max_bytes)
             fields = job.token(event, judgement)
-        elif stage in LIFECYCLE_STAGES:
+        elif event.is_lifecycle:
             judgement = judge_lifecycle(event, job)
             fields = job.lifecycle_event(item, judgement)
         else:
