@@ -40,12 +40,7 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
     import redis.asyncio
 
     from bench.backlog import FAMILY, GROUP, make_workload
-    from eco_router.adapters.json_codec import OrjsonEventEncoder
     from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
-    from eco_router.application.port_values import EncodedEvent
-    from eco_router.domain.event import JobEvent
-    from eco_router.domain.parsing import parse_entry
-    from eco_router.domain.verdict import in_judging_order
     from eco_router.testing import RedisServer
 
     try:
@@ -68,26 +63,7 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
         pipe.execute()
         for stream in FAMILY.streams:
             sync.xgroup_create(stream, GROUP, id="0")
-        read: dict[str, list[tuple[bytes, dict[bytes, bytes]]]] = {
-            s: sync.xrange(s)  # type: ignore[misc]
-            for s in FAMILY.streams
-        }
-        encoder = OrjsonEventEncoder()
-        batches: list[list[EncodedEvent]] = []
-        longest = max(len(entries) for entries in read.values())
-        for start in range(0, longest, read_count):
-            parsed: list[JobEvent] = []
-            for stream, entries in read.items():
-                for entry_id, raw in entries[start : start + read_count]:
-                    event = parse_entry(
-                        domain=FAMILY.domain,
-                        stream=stream,
-                        entry_id=entry_id.decode(),
-                        fields=raw,
-                    )
-                    if isinstance(event, JobEvent):
-                        parsed.append(event)
-            batches.append([EncodedEvent(e, encoder.encode(e)) for e in in_judging_order(parsed)])
+        batches = read_batches(sync, read_count)
         fence = dict.fromkeys(FAMILY.streams, 0)
 
         async def run() -> tuple[float, Counter[str]]:
@@ -149,6 +125,38 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
         "calls": {k.removeprefix("cmdstat_"): int(v["calls"]) / n for k, v in stats.items()},
         "verdicts": dict(sorted(verdicts.items())),
     }
+
+
+def read_batches(sync: Any, read_count: int) -> list[Any]:
+    """The backlog's batches as a router reading `read_count` entries per shard brings them:
+    one read of every shard per batch, parsed, encoded and put in judging order."""
+    from bench.backlog import FAMILY
+    from eco_router.adapters.json_codec import OrjsonEventEncoder
+    from eco_router.application.port_values import EncodedEvent
+    from eco_router.domain.event import JobEvent
+    from eco_router.domain.parsing import parse_entry
+    from eco_router.domain.verdict import in_judging_order
+
+    read: dict[str, list[tuple[bytes, dict[bytes, bytes]]]] = {
+        s: sync.xrange(s) for s in FAMILY.streams
+    }
+    encoder = OrjsonEventEncoder()
+    batches: list[list[EncodedEvent]] = []
+    longest = max(len(entries) for entries in read.values())
+    for start in range(0, longest, read_count):
+        parsed: list[JobEvent] = []
+        for stream, entries in read.items():
+            for entry_id, raw in entries[start : start + read_count]:
+                event = parse_entry(
+                    domain=FAMILY.domain,
+                    stream=stream,
+                    entry_id=entry_id.decode(),
+                    fields=raw,
+                )
+                if isinstance(event, JobEvent):
+                    parsed.append(event)
+        batches.append([EncodedEvent(e, encoder.encode(e)) for e in in_judging_order(parsed)])
+    return batches
 
 
 def _extract(ref: str, into: Path) -> Path:

@@ -10,7 +10,7 @@ way a router is written when nobody batches. While there is work, each event cos
 four commands, each its own round trip:
 
 1. XREADGROUP COUNT 1 on one shard stream (round-robin over `scan:events:0..3`);
-2. EVALSHA of a per-event script with `apply_batch.lua`'s semantics for one event (judge
+2. EVALSHA of a per-event script with the router's semantics for one event (judge
    NEW / republish / DUPLICATE / STALE; apply a NEW one: state, history, applied-markers);
 3. PUBLISH on `sse:events:{job_id}` (Pub/Sub server) of the same JSON payload as the worker's,
    when the event is NEW;
@@ -41,7 +41,7 @@ from redis.exceptions import ResponseError
 
 from bench.baseline_payload import routed_payload
 
-# apply_batch.lua for a single event: the same keys, markers, verdict codes and writes.
+# The router's rules for a single event, in Lua: the same keys, markers and writes as its store.
 # KEYS: state, history, applied-markers hash (seq -> id of the entry that applied it; "last").
 # ARGV: state_ttl_s, markers_ttl_s, history_size, seq, entry id, payload.
 # Returns "0" new and applied, "1" new but applied earlier by this same entry (publish

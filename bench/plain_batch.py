@@ -12,7 +12,7 @@ Per batch:
 1. one XREADGROUP COUNT `--count` (100) over the four shard streams, with BLOCK `--block-ms`;
 2. one EVALSHA applying the whole batch: per job a state key (the newest NEW payload) and a
    dedupe marker hash (seq -> id of the entry that applied it, plus `last`); the same
-   new / republish / duplicate / stale verdicts as `apply_batch.lua`, but no history, no
+   new / republish / duplicate / stale verdicts as the router's, but no history, no
    fencing token, no history byte count;
 3. one pipeline of PUBLISH on `sse:events:{job_id}` (Pub/Sub server), one per NEW event, of
    the same JSON payload as the worker's;

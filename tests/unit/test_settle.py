@@ -114,14 +114,14 @@ class TestSettle:
 
     def test_tokens_fill_the_text_counting_those_of_the_same_batch(self) -> None:
         limits = Limits(history_size=3, history_max_bytes=1 << 20, text_max_bytes=4)
-        record = StoredJob(last_id=1001, text=StoredText(0, 1001, 1001, entry_id(1), b"ab"))
+        record = StoredJob(last_id=1001, text=StoredText(0, 1001, 1001, entry_id(1), b"ab", 2))
 
         settled = settle([token(1002, "c"), token(1003, "de")], {CHAT: record}, limits)
 
         assert settled.judgements == [NEW_APPLY, TEXT_FILLED]
         write = settled.writes[0]
         assert (write.text_restarted, write.text_appended) == (False, b"c")
-        assert write.record.text == StoredText(0, 1002, 1002, entry_id(1002), b"abc", full=True)
+        assert write.record.text == StoredText(0, 1002, 1002, entry_id(1002), b"abc", 3, full=True)
 
 
 class TestGoneCandidates:

@@ -53,14 +53,17 @@ class Marker:
 @dataclass(frozen=True, slots=True)
 class StoredText:
     """A job's text as kept: the attempt it belongs to, its last token (seq, id, entry), its
-    bytes, which node wrote which stretch (the runs closed, and the node writing now, "" for
-    none, from `run_at` on), and whether it is full."""
+    bytes (`content`: None when the store did not load them, as it needs them only for a
+    terminal event's check) and their count, which node wrote which stretch (the runs
+    closed, and the node writing now, "" for none, from `run_at` on), and whether it is
+    full."""
 
     attempt: int
     last_seq: int | None = None
     last_id: int | None = None
     last_entry: str | None = None
-    content: bytes = b""
+    content: bytes | None = b""
+    size: int = 0
     runs: tuple[TextRun, ...] = ()
     node: str = ""
     run_at: int = 0
@@ -70,7 +73,7 @@ class StoredText:
         """Every run, the one being written included."""
         if not self.node:
             return self.runs
-        return (*self.runs, TextRun(self.node, self.run_at, len(self.content)))
+        return (*self.runs, TextRun(self.node, self.run_at, self.size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +232,7 @@ class _Text:
         "node",
         "run_at",
         "runs",
+        "stored_size",
     )
 
     def __init__(self, text: StoredText) -> None:
@@ -237,6 +241,7 @@ class _Text:
         self.last_id = text.last_id
         self.last_entry = text.last_entry
         self.content = text.content
+        self.stored_size = text.size
         self.appended = bytearray()
         self.runs = text.runs
         self.node = text.node
@@ -245,7 +250,7 @@ class _Text:
 
     @property
     def size(self) -> int:
-        return len(self.content) + len(self.appended)
+        return self.stored_size + len(self.appended)
 
     def append(self, event: JobEvent, event_id: int) -> None:
         """Add a token applied with `event_id`: the node's run grows or a new one begins."""
@@ -263,7 +268,9 @@ class _Text:
         self.last_entry = event.stream_id
 
     def text_bytes(self) -> bytes:
-        return self.content + self.appended
+        content = self.content
+        assert content is not None, "a terminal event's check needs the text's bytes loaded"
+        return content + self.appended
 
     def stored(self) -> StoredText:
         return StoredText(
@@ -271,7 +278,8 @@ class _Text:
             last_seq=self.last_seq,
             last_id=self.last_id,
             last_entry=self.last_entry,
-            content=self.text_bytes(),
+            content=None if self.content is None else self.content + self.appended,
+            size=self.size,
             runs=self.runs,
             node=self.node,
             run_at=self.run_at,

@@ -149,6 +149,7 @@ class InMemoryStateStore(StateStore):
         text = self._job(domain, job_id).record.text
         if text is None or text.last_id is None or text.last_seq is None:
             return None
+        assert text.content is not None
         return JobText(
             text.content, text.last_id, text.last_seq, text.attempt, text.spans(), text.full
         )

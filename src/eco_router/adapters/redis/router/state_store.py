@@ -1,10 +1,16 @@
-"""Lua-backed Redis adapter of `StateStore`."""
+"""Redis adapter of `StateStore`: holds the records of the jobs it wrote (under the shard's
+fencing token), loads those of a batch's other jobs in one pipeline, settles the batch with
+`domain.settle`, and stores the writes with one fenced `store_batch.lua` call."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from eco_router.adapters.redis.connections.connection import RedisClient
 from eco_router.adapters.redis.connections.replica_wait import ReplicaWait
@@ -15,49 +21,68 @@ from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
+from eco_router.domain.event import StreamEntryId
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
-from eco_router.domain.streams import StreamFamily
-from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun
-from eco_router.domain.verdict import (
-    DUPLICATE,
-    NEW_APPLY,
-    NEW_IN_PLACE_OF_GONE,
-    NEW_REPUBLISH,
-    NEW_RESTART,
-    STALE,
-    STALE_AFTER_END,
-    TEXT_FILLED,
-    TEXT_FULL,
-    Judgement,
-    Verdict,
+from eco_router.domain.settle import (
+    JobKey,
+    JobWrite,
+    Limits,
+    Marker,
+    StoredJob,
+    StoredText,
+    gone_candidates,
+    settle,
 )
+from eco_router.domain.streams import StreamFamily, hash_tag
+from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun
+from eco_router.domain.verdict import Judgement
 
-_JUDGEMENTS = {
-    ord("0"): NEW_APPLY,
-    ord("1"): NEW_REPUBLISH,
-    ord("2"): DUPLICATE,
-    ord("3"): STALE,
-    ord("5"): NEW_IN_PLACE_OF_GONE,
-    ord("6"): NEW_RESTART,
-    ord("7"): TEXT_FULL,
-    ord("8"): TEXT_FILLED,
-    ord("9"): Judgement(Verdict.TEXT_FULL, restarts=True, fills=True),
-    ord("a"): STALE_AFTER_END,
-}
+# The markers hash's fields every load reads, before the batch's seqs and lifecycle markers:
+# the newest applied stage seq and event id, whether the job ended ("0" no, "1" yes, "2" and
+# a token came after), each history payload's size ("12,40,..."), their sum (kept for readers
+# of the previous release), and when the TTLs were last renewed (server seconds).
+_HEAD = ("last", "last_id", "ended", "sizes", "history_bytes", "renewed")
+_TEXT = ("attempt", "seq", "id", "entry", "bytes", "full", "node", "run_at", "runs")
+_ENDED = {b"1": (True, False), b"2": (True, True)}
+# unpack() in the script is bounded by the Lua stack: long argument lists go in chunks.
+_CHUNK = 1000
+# Jobs whose records a store holds at most, by default.
+DEFAULT_HELD_JOBS = 50_000
+
+
+@dataclass(slots=True)
+class _Held:
+    """A job's record as the store last loaded or wrote it, valid while its shard's fencing
+    token is `token` and until `expires` (server seconds: its keys may expire after)."""
+
+    stream: str
+    token: int
+    record: StoredJob
+    renewed: int | None
+    expires: int
 
 
 @functools.lru_cache(maxsize=16_384)
-def _apply_keys(domain: str, job_id: str, stream: str) -> tuple[str, str, str, str, str]:
-    """The keys `apply_batch.lua` takes for a job, named once for the batches that follow."""
+def _job_keys(domain: str, job_id: str, stream: str) -> tuple[str, str, str, str, str]:
+    """A job's state, history, markers, text state and text keys, named once."""
     job = JobKeys.of(domain, job_id, stream)
     return (job.state, job.history, job.markers, job.text_state, job.text)
 
 
 class RedisLuaStateStore(StateStore):
-    """Judges and applies a whole batch with one EVALSHA of `apply_batch.lua`; a job's history
-    keeps at most `history_size` payloads and `history_max_bytes` bytes (the newest always).
-    With `replica_wait`, a batch counts as applied (and is published) only once that many
-    replicas have it."""
+    """Keeps job records in Redis and applies the writes `settle` decides: one pipelined read
+    of the batch's jobs (a second, rarely, for an entry the stream may never have held or a
+    history whose sizes were not kept), then one `store_batch.lua` call that checks the fence
+    and the read order and writes. A job's history keeps at most `history_size` payloads and
+    `history_max_bytes` bytes (the newest always). With `replica_wait`, a batch counts as
+    applied (and is published) only once that many replicas have it.
+
+    The lease holder is the only writer of its shards' jobs, so the store holds the records
+    of up to `held_jobs` jobs (the least recently used go first) and loads only those it does
+    not hold: a record is held under the shard's fencing token it was loaded and written
+    under, and only while its keys are sure to live (their TTLs were renewed recently enough).
+    A new token, a store call that failed, or one that was fenced or found a gap in the read
+    order drops the shard's records."""
 
     def __init__(
         self,
@@ -71,22 +96,31 @@ class RedisLuaStateStore(StateStore):
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         text_max_bytes: int = DEFAULT_TEXT_MAX_BYTES,
         replica_wait: ReplicaWait | None = None,
+        held_jobs: int = DEFAULT_HELD_JOBS,
     ) -> None:
         self._redis = redis
         self._replica_wait = replica_wait or ReplicaWait()
-        self._script = redis.register_script(load_lua("apply_batch.lua"))
+        self._script = redis.register_script(load_lua("store_batch.lua"))
         self._read_text = redis.register_script(load_lua("read_text.lua"))
         self._trips = round_trips(redis)
-        self._head: list[str | int] = [
-            state_ttl_s,
-            markers_ttl_s,
-            history_size,
-            history_max_bytes,
-            group,
-            text_max_bytes,
-        ]
+        self._group = group
+        self._limits = Limits(history_size, history_max_bytes, text_max_bytes)
+        self._state_ttl = state_ttl_s
+        # TTLs are renewed at most this often, and kept this much longer: each key lives at
+        # least its TTL after the job's last event.
+        self._renew_every = min(60, state_ttl_s // 10)
+        self._history_ttl = state_ttl_s + self._renew_every
+        self._markers_ttl = markers_ttl_s + self._renew_every
+        # A record is held this long after its keys' TTLs were renewed, well inside them.
+        self._hold_s = min(state_ttl_s, markers_ttl_s) - self._renew_every
+        self._held_jobs = held_jobs
+        self._held: OrderedDict[JobKey, _Held] = OrderedDict()
+        # Per shard, the fencing token its held records were loaded and written under.
+        self._tokens: dict[str, int] = {}
         self._group_keys = GroupKeys(group)
         self._families = {f.domain: f for f in families}
+        # Per slot's hash tag, the server's time as its last reply gave it, and when.
+        self._server_clocks: dict[str | None, tuple[float, float]] = {}
         self._to_view: list[tuple[JobKeys, asyncio.Future[JobView]]] = []
         self._viewing: asyncio.Task[None] | None = None
 
@@ -96,7 +130,8 @@ class RedisLuaStateStore(StateStore):
         fence: Mapping[str, int],
         in_order: Mapping[str, ReadStart] | None = None,
     ) -> Applied:
-        """One script call for the batch; on tagged shards one per slot, issued together."""
+        """One load and one store for the batch; on tagged shards one each per slot, issued
+        together."""
         unfenced = {e.event.stream for e in events} - set(fence)
         starts = in_order or {}
         slots = by_slot(fence)
@@ -126,58 +161,386 @@ class RedisLuaStateStore(StateStore):
         fence: Mapping[str, int],
         starts: Mapping[str, ReadStart],
     ) -> Applied:
-        """One `apply_batch.lua` call for the events of `fence`'s shards (one slot)."""
+        """Load, settle and store the events of `fence`'s shards (one slot)."""
         shards = list(fence)
-        shard_index = {stream: n for n, stream in enumerate(shards, 1)}
         if not shards:
             return Applied([None] * len(events), stamps=[None] * len(events))
-        keys = [self._group_keys.epoch(stream) for stream in shards]
-        keys += shards
-        args: list[str | int | bytes] = [*self._head, len(shards)]
+        for stream, token in fence.items():
+            if self._tokens.get(stream) != token:
+                self._forget((stream,))
+                self._tokens[stream] = token
+        shard_index = {stream: n for n, stream in enumerate(shards, 1)}
+        mine = [n for n, e in enumerate(events) if e.event.stream in shard_index]
+        batch = [events[n] for n in mine]
+        tag = hash_tag(shards[0])
+        now = self._server_now(tag)
+        try:
+            with redis_errors("load job records"):
+                records, renewed = await self._records(batch, now)
+                gone = await self._gone(batch, records)
+        except BaseException:
+            self._forget(shards)
+            raise
+        settled = settle(batch, records, self._limits, gone)
+        keys = [self._group_keys.epoch(stream) for stream in shards] + shards
+        args: list[str | int | bytes] = [self._group, len(shards)]
         for stream, token in fence.items():
             # A shard's token, and where its read began, what it brought first and who read it.
             start = starts.get(stream)
             checked = f"{token} ({start.after} {start.first} {start.consumer}" if start else token
             args.append(checked)
-        job_index: dict[tuple[str, str], int] = {}
-        # The events' fields in one value, each payload in its own without its opening brace:
-        # the script puts the stamp before it with one copy.
         lines: list[str] = []
-        bodies: list[str | int | bytes] = []
-        for item in events:
-            event = item.event
-            if event.stream not in shard_index:
-                continue
-            index = job_index.get(event.job_key)
-            if index is None:
-                index = job_index[event.job_key] = len(job_index) + 1
-                keys += _apply_keys(event.domain, event.job_id, event.stream)
-                args.append(shard_index[event.stream])
-            if event.is_token:
-                lines.append(
-                    f"{index} t {event.seq} {event.stream_id} {event.attempt} {event.node or ''}\n"
-                )
-                bodies.append(event.content.encode())
-            elif event.is_lifecycle:
-                lines.append(f"{index} l {event.lifecycle_marker} {event.stream_id}\n")
-                bodies.append(item.payload[1:])
-            else:
-                kind = "e" if event.is_terminal else "s"
-                lines.append(f"{index} {kind} {event.seq} {event.stream_id}\n")
-                bodies.append(item.payload[1:])
-        args.append("".join(lines))
-        with redis_errors("apply batch"):
-            codes, fenced, gaps, stamps = await self._replica_wait.call(
-                self._redis, self._script, keys, args + bodies, trips=self._trips
+        values: list[str | int | bytes] = []
+        after = dict(records)
+        for write in settled.writes:
+            job = write.job
+            after[job] = write.record
+            renewed[job] = self._write(
+                write,
+                records[job],
+                renewed.get(job),
+                now,
+                shard_index[write.stream],
+                keys,
+                lines,
+                values,
             )
-        judged = iter([_JUDGEMENTS.get(code) for code in codes])
-        stamped = iter([s or None for s in stamps])
+        args.append("".join(lines))
+        try:
+            with redis_errors("store batch"):
+                fenced, gaps, (seconds, micros) = await self._replica_wait.call(
+                    self._redis, self._script, keys, args + values, trips=self._trips
+                )
+        except BaseException:
+            # Written or not, the records held may no longer be what the keys hold.
+            self._forget(shards)
+            raise
+        self._server_clocks[tag] = (int(seconds) + int(micros) / 1e6, time.monotonic())
+        skipped = {shards[n - 1] for n in (*fenced, *gaps)}
+        self._forget(skipped)
+        streams = {item.event.job_key: item.event.stream for item in batch}
+        self._hold(after, renewed, streams, fence, skipped)
+        judgements: list[Judgement | None] = [None] * len(events)
+        stamps: list[bytes | None] = [None] * len(events)
+        for n, judgement, fields in zip(mine, settled.judgements, settled.stamps, strict=True):
+            if events[n].event.stream not in skipped:
+                judgements[n], stamps[n] = judgement, fields
         return Applied(
-            [next(judged) if e.event.stream in shard_index else None for e in events],
+            judgements,
             frozenset(shards[n - 1] for n in fenced),
             frozenset(shards[n - 1] for n in gaps),
-            [next(stamped) if e.event.stream in shard_index else None for e in events],
+            stamps,
         )
+
+    def _server_now(self, tag: str | None) -> int:
+        """The server's time in seconds, from its last reply and the time since (TIME is
+        refused in a Cluster's pipelines); this machine's before any reply."""
+        known = self._server_clocks.get(tag)
+        if known is None:
+            return int(time.time())
+        server_s, at = known
+        return int(server_s + time.monotonic() - at)
+
+    async def _records(
+        self, batch: Sequence[EncodedEvent], now: int
+    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int | None]]:
+        """The records of the batch's jobs, held or loaded, and when each job's TTLs were
+        last renewed (server seconds). A held text's bytes are loaded only when a terminal
+        event may check them."""
+        records: dict[JobKey, StoredJob] = {}
+        renewed: dict[JobKey, int | None] = {}
+        asked: dict[JobKey, tuple[tuple[str, str, str, str, str], bool]] = {}
+        texts: dict[JobKey, str] = {}
+        held = self._held
+        for item in batch:
+            event = item.event
+            job = event.job_key
+            if job not in records and job not in asked:
+                holding = held.get(job)
+                if holding is not None and now < holding.expires:
+                    records[job] = holding.record
+                    renewed[job] = holding.renewed
+                else:
+                    asked[job] = (_job_keys(event.domain, event.job_id, event.stream), False)
+            if not event.is_terminal:
+                continue
+            if job in asked:
+                asked[job] = (asked[job][0], True)
+            elif job not in texts:
+                text = records[job].text
+                if text is not None and text.content is None:
+                    texts[job] = _job_keys(event.domain, event.job_id, event.stream)[4]
+        if asked or texts:
+            loaded, loaded_renewed = await self._load(asked, texts, records)
+            records.update(loaded)
+            renewed.update(loaded_renewed)
+        return records, renewed
+
+    async def _load(
+        self,
+        asked: Mapping[JobKey, tuple[tuple[str, str, str, str, str], bool]],
+        texts: Mapping[JobKey, str],
+        held: Mapping[JobKey, StoredJob],
+    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int]]:
+        """The whole records of the `asked` jobs (a text's bytes when asked too), the bytes
+        of the `held` records' texts named by `texts`, and when each asked job's TTLs were
+        last renewed (server seconds)."""
+        # On the store's kept connection, as the store call goes: through the pool a
+        # pipeline costs the client about twice its round trip.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for keys, with_bytes in asked.values():
+                pipe.hgetall(keys[2])
+                pipe.llen(keys[1])
+                pipe.hmget(keys[3], _TEXT)
+                if with_bytes:
+                    pipe.get(keys[4])
+            for text_key in texts.values():
+                pipe.get(text_key)
+            answered = await self._trips.execute(pipe)
+        refused = next((r for r in answered if isinstance(r, Exception)), None)
+        if refused is not None:
+            raise refused
+        replies = iter(answered)
+        records: dict[JobKey, StoredJob] = {}
+        renewed: dict[JobKey, int] = {}
+        unsized: dict[JobKey, str] = {}
+        for job, (keys, with_bytes) in asked.items():
+            known: dict[bytes, bytes] = next(replies)
+            length = next(replies)
+            text = _text(next(replies), (next(replies) or b"") if with_bytes else None)
+            last = _int(known.pop(b"last", None))
+            last_seq = None if last is None or last < 0 else last
+            last_id = _int(known.pop(b"last_id", None))
+            ended, after_end = _ENDED.get(known.pop(b"ended", b"0"), (False, False))
+            sizes = _sizes(known.pop(b"sizes", None), known.pop(b"history_bytes", None), length)
+            if sizes is None:
+                unsized[job] = keys[1]
+                sizes = ()
+            at = known.pop(b"renewed", None)
+            if at is not None:
+                renewed[job] = int(at)
+            markers: dict[int, Marker] = {}
+            lifecycle: dict[str, Marker] = {}
+            for field_name, value in known.items():
+                name = field_name.decode()
+                if name.isdigit() or name.startswith("-"):
+                    markers[int(name)] = _marker(value, name)
+                else:
+                    lifecycle[name] = _marker(value, name)
+            records[job] = StoredJob(
+                last_seq=last_seq,
+                last_id=last_id if last_id is not None else last_seq,
+                markers=markers,
+                lifecycle=lifecycle,
+                ended=ended,
+                written_after_end=after_end,
+                history_sizes=sizes,
+                text=text,
+            )
+        for job in texts:
+            record = held[job]
+            assert record.text is not None
+            records[job] = replace(record, text=replace(record.text, content=next(replies) or b""))
+        if unsized:
+            # A history kept by a release that did not keep its sizes: counted once.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for history in unsized.values():
+                    pipe.lrange(history, 0, -1)
+                for job, payloads in zip(unsized, await pipe.execute(), strict=True):
+                    sizes = tuple(len(p) for p in payloads)
+                    records[job] = replace(records[job], history_sizes=sizes)
+        return records, renewed
+
+    def _hold(
+        self,
+        records: Mapping[JobKey, StoredJob],
+        renewed: Mapping[JobKey, int | None],
+        streams: Mapping[JobKey, str],
+        fence: Mapping[str, int],
+        skipped: Collection[str],
+    ) -> None:
+        """Hold the batch's records, as stored, under their shards' tokens; the least
+        recently used beyond `held_jobs` go."""
+        held = self._held
+        hold_s = self._hold_s
+        for job, record in records.items():
+            stream = streams[job]
+            at = renewed.get(job)
+            if at is None or stream in skipped:
+                # Not known to be what the keys hold, or not how long they live.
+                held.pop(job, None)
+                continue
+            text = record.text
+            if text is not None and text.content is not None:
+                # The bytes are read again for the next check: held, a record's size does not
+                # grow with its text.
+                record = replace(record, text=replace(text, content=None))
+            held[job] = _Held(stream, fence[stream], record, at, at + hold_s)
+            held.move_to_end(job)
+        while len(held) > self._held_jobs:
+            held.popitem(last=False)
+
+    def _forget(self, streams: Collection[str]) -> None:
+        """Drop the records held of `streams`' jobs, and the tokens they were held under."""
+        if not streams:
+            return
+        for stream in streams:
+            self._tokens.pop(stream, None)
+        held = self._held
+        for job in [job for job, h in held.items() if h.stream in streams]:
+            del held[job]
+
+    @property
+    def held_jobs(self) -> int:
+        """How many jobs' records the store holds."""
+        return len(self._held)
+
+    async def _gone(
+        self, batch: Sequence[EncodedEvent], records: Mapping[JobKey, StoredJob]
+    ) -> frozenset[str]:
+        """The entries the records or the batch name that their stream never held: not
+        there, no deletion went as far (XDEL), and not before its first entry (trimmed)."""
+        asked = sorted(gone_candidates(batch, records))
+        if not asked:
+            return frozenset()
+        streams = sorted({stream for stream, _ in asked})
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, entry in asked:
+                pipe.xrange(stream, entry, entry, count=1)
+            # One XINFO STREAM per stream, however many of its entries are asked about.
+            for stream in streams:
+                pipe.xinfo_stream(stream)
+            replies = await self._trips.execute(pipe)
+        infos = dict(zip(streams, replies[len(asked) :], strict=True))
+        gone = set()
+        for (stream, entry), held in zip(asked, replies, strict=False):
+            info = infos[stream]
+            if isinstance(held, Exception) or held or isinstance(info, Exception):
+                continue
+            deleted = _get(info, "max-deleted-entry-id")
+            first = _get(info, "first-entry")
+            if deleted is None or not first:
+                continue
+            at = StreamEntryId.parse(entry)
+            if at > _entry_id(deleted) and at > _entry_id(first[0]):
+                gone.add(entry)
+        return frozenset(gone)
+
+    def _write(
+        self,
+        write: JobWrite,
+        before: StoredJob,
+        renewed: int | None,
+        now: int,
+        shard: int,
+        keys: list[str],
+        lines: list[str],
+        values: list[str | int | bytes],
+    ) -> int | None:
+        """One job's write as the script's lines; TTLs renewed at most once per
+        `_renew_every` seconds (a clock that went back renews too). Returns when the job's
+        TTLs were last renewed once it is stored (server seconds)."""
+        # (key: 1 state, 2 history, 3 markers, 4 text state, 5 text; command; arguments),
+        # turned into lines at the end; None: the state, the payload pushed just before.
+        writes: list[tuple[int, str, Sequence[str | int | bytes] | None]] = []
+        line = writes.append
+        due = renewed is None or now - renewed >= self._renew_every or now < renewed
+        record = write.record
+        text = record.text
+        text_changed = text is not None and text != before.text
+        if text is not None and text_changed:
+            if write.text_restarted and (before.text is not None or write.text_appended):
+                line((5, "SET", (write.text_appended,)))
+            elif write.text_appended:
+                line((5, "APPEND", (write.text_appended,)))
+            runs = "".join(f"{r.node}\t{r.start}\t{r.end}\n" for r in text.runs)
+            fields: list[str | int | bytes] = [
+                "attempt",
+                text.attempt,
+                "seq",
+                -1 if text.last_seq is None else text.last_seq,
+                "bytes",
+                text.size,
+                "full",
+                1 if text.full else 0,
+                "node",
+                text.node,
+                "run_at",
+                text.run_at,
+                "runs",
+                runs,
+            ]
+            if text.last_id is not None and text.last_entry is not None:
+                fields += ["id", text.last_id, "entry", text.last_entry]
+            line((4, "HSET", fields))
+            if text.last_id is None and before.text is not None:
+                # No token of the new attempt was written: the old attempt's last one is not its.
+                line((4, "HDEL", ("id", "entry")))
+            if due or before.text is None or write.text_restarted:
+                line((4, "EXPIRE", (self._history_ttl,)))
+                line((5, "EXPIRE", (self._history_ttl,)))
+        appended = write.appended
+        state = write.state
+        if appended:
+            for at in range(0, len(appended), _CHUNK):
+                line((2, "RPUSH", appended[at : at + _CHUNK]))
+            if state is appended[-1]:
+                # The state is the payload just pushed: sent once, its SET takes it from there.
+                line((1, "SET", None))
+                state = None
+        if state is not None:
+            line((1, "SET", (state, "EX", self._state_ttl)))
+        elif appended and write.state is None and due:
+            # Lifecycle events alone: the state stays, and lives as long as the history.
+            line((1, "EXPIRE", (self._history_ttl,)))
+        marks: list[str | int | bytes] = []
+        for seq, marker in write.markers.items():
+            marks += [seq, marker.entry.encode() + b" " + marker.stamp]
+        for name, marker in write.lifecycle.items():
+            marks += [name, marker.entry.encode() + b" " + marker.stamp]
+        if appended:
+            if write.dropped:
+                line((2, "LTRIM", (write.dropped, -1)))
+            if due or not before.history_sizes:
+                line((2, "EXPIRE", (self._history_ttl,)))
+            sizes = record.history_sizes
+            marks += ["sizes", ",".join(map(str, sizes)), "history_bytes", sum(sizes)]
+            if record.last_seq is not None:
+                marks += ["last", record.last_seq]
+        if record.last_id is not None and record.last_id != before.last_id:
+            marks += ["last_id", record.last_id]
+        if (record.ended, record.written_after_end) != (before.ended, before.written_after_end):
+            marks += ["ended", "2" if record.written_after_end else "1" if record.ended else "0"]
+        if marks:
+            if due:
+                marks += ["renewed", now]
+            for at in range(0, len(marks), _CHUNK):
+                line((3, "HSET", marks[at : at + _CHUNK]))
+            if due:
+                line((3, "EXPIRE", (self._markers_ttl,)))
+                # The keys of the kind that did not come are renewed with the others, or they
+                # would expire while the job goes on.
+                if not write.appended:
+                    line((2, "EXPIRE", (self._history_ttl,)))
+                if not text_changed:
+                    line((4, "EXPIRE", (self._history_ttl,)))
+                    line((5, "EXPIRE", (self._history_ttl,)))
+                renewed = now
+        # Only the keys written are given, each once: every argument costs the server.
+        job_keys = _job_keys(*write.job, write.stream)
+        named = [0, 0, 0, 0, 0, 0]
+        for kind, command, arguments in writes:
+            key = named[kind]
+            if not key:
+                keys.append(job_keys[kind - 1])
+                key = named[kind] = len(keys)
+            if arguments is None:
+                lines.append(f"{shard} {command} {key} 3 {len(values) - 1}\n")
+                values += ("EX", self._state_ttl)
+            else:
+                lines.append(f"{shard} {command} {key} {len(arguments)} {len(values)}\n")
+                values += arguments
+        return renewed
 
     async def view(self, domain: str, job_id: str) -> JobView:
         """Views asked for in the same turn of the loop (a burst of browsers opening their
@@ -255,3 +618,62 @@ class RedisLuaStateStore(StateStore):
 def _entry_ms(entry: bytes) -> int | None:
     ms = entry.partition(b"-")[0]
     return int(ms) if ms.isdigit() else None
+
+
+def _int(value: bytes | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _marker(value: bytes, name: str) -> Marker:
+    """A marker as kept, "<entry> <stamp>"; one written before stamps is the entry alone,
+    and its seq was its id."""
+    entry, space, stamp = value.partition(b" ")
+    if not space:
+        return Marker(value.decode(), b'"event_id":%s,' % name.encode())
+    return Marker(entry.decode(), stamp)
+
+
+def _sizes(sizes: bytes | None, total: bytes | None, length: int) -> tuple[int, ...] | None:
+    """The history's payload sizes as kept, when they agree with its length and the byte
+    count (a router of the previous release keeps the count only); None: to be counted."""
+    if length == 0:
+        return ()
+    if sizes is None:
+        return None
+    kept = tuple(int(size) for size in sizes.split(b","))
+    if len(kept) != length or total is None or sum(kept) != int(total):
+        return None
+    return kept
+
+
+def _text(known: list[bytes | None], content: bytes | None) -> StoredText | None:
+    """A text's state as kept, with its bytes (None: not loaded)."""
+    attempt, seq, last_id, entry, size, full, node, run_at, runs = known
+    if attempt is None:
+        return None
+    last_seq = int(seq) if seq is not None else -1
+    closed = [line.split(b"\t") for line in runs.splitlines() if line] if runs else []
+    return StoredText(
+        attempt=int(attempt),
+        last_seq=None if last_seq < 0 else last_seq,
+        last_id=_int(last_id),
+        last_entry=None if entry is None else entry.decode(),
+        content=content,
+        size=int(size or 0),
+        runs=tuple(TextRun(n.decode(), int(a), int(b)) for n, a, b in closed),
+        node=(node or b"").decode(),
+        run_at=int(run_at or 0),
+        full=full == b"1",
+    )
+
+
+def _get(info: Any, name: str) -> Any:
+    """A field of a parsed XINFO STREAM reply, by its name as text or bytes."""
+    if not isinstance(info, dict):
+        return None
+    value = info.get(name)
+    return info.get(name.encode()) if value is None else value
+
+
+def _entry_id(value: Any) -> StreamEntryId:
+    return StreamEntryId.parse(value.decode() if isinstance(value, bytes) else str(value))

@@ -1,4 +1,5 @@
-"""apply_batch.lua on a real Redis: every branch, the keys it writes and their TTLs."""
+"""The Redis state store on a real Redis: the writes it stores for each verdict, the keys and
+their TTLs, and every branch of `store_batch.lua`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
@@ -31,7 +33,7 @@ from tests.contracts.factories import FAMILIES, encoded, entry_id, wait_until
 
 STATE_TTL_S = 100
 MARKERS_TTL_S = 200
-# The script renews the TTLs of a job's history, text and markers at most this often (a tenth
+# The store renews the TTLs of a job's history, text and markers at most this often (a tenth
 # of the state TTL, at most a minute), and keeps them that much longer.
 RENEW_EVERY_S = 10
 HISTORY_SIZE = 3
@@ -49,12 +51,6 @@ CHAT_SHARD = "chat:events:0"
 GROUP = "router"
 EPOCH = GroupKeys(GROUP).epoch(SHARD)
 CHAT_EPOCH = GroupKeys(GROUP).epoch(CHAT_SHARD)
-# What the script returns per event: one code character each, the fenced and the gap shards'
-# indices, and per event the fields put first in its published JSON.
-ScriptReply = tuple[bytes, list[int], list[int], list[bytes]]
-# One event as the script takes it: a line of its fields, and its body (a payload without
-# its opening brace, or a token's content).
-ScriptEvent = tuple[str, bytes]
 
 
 async def make_store(
@@ -65,6 +61,7 @@ async def make_store(
     history_size: int = HISTORY_SIZE,
     history_max_bytes: int = HISTORY_MAX_BYTES,
     text_max_bytes: int = TEXT_MAX_BYTES,
+    held_jobs: int = 1000,
 ) -> RedisLuaStateStore:
     """A store holding both shards with token 1."""
     await redis.set(EPOCH, 1)
@@ -78,6 +75,7 @@ async def make_store(
         history_size=history_size,
         history_max_bytes=history_max_bytes,
         text_max_bytes=text_max_bytes,
+        held_jobs=held_jobs,
     )
 
 
@@ -165,131 +163,137 @@ def sha1(text: bytes) -> str:
     return hashlib.sha1(text, usedforsecurity=False).hexdigest()
 
 
-def stage_args(
-    job: int, seq: int, n: int, payload: bytes, *, terminal: bool = False
-) -> ScriptEvent:
-    """The script's line and body for stage event `seq` of its `job`-th job, entry
-    `entry_id(n)`."""
-    return f"{job} {'e' if terminal else 's'} {seq} {entry_id(n)}\n", payload[1:]
-
-
-def token_args(
-    job: int, seq: int, n: int, content: str, *, attempt: int = 0, node: str = ""
-) -> ScriptEvent:
-    """The script's line and body for token `seq` of its `job`-th job, entry `entry_id(n)`."""
-    return f"{job} t {seq} {entry_id(n)} {attempt} {node}\n", content.encode()
-
-
-async def call_script(
+async def store_writes(
     redis: Redis,
-    events: Sequence[ScriptEvent],
+    writes: Sequence[tuple[int, str, str, Sequence[bytes | str | int]]],
     *,
-    shards: Sequence[tuple[str, int]] = ((SHARD, 1),),
-    jobs: Sequence[tuple[JobKeys, int]] = ((JOB, 1),),
-    text_max_bytes: int = TEXT_MAX_BYTES,
-) -> ScriptReply:
-    """One call of the script as the holder of `shards` (stream, token), with no read to
-    check; `jobs` are each job's keys and the 1-based index of its shard."""
-    script = redis.register_script(load_lua("apply_batch.lua"))
+    shards: Sequence[tuple[str, str]] = ((SHARD, "1"), (CHAT_SHARD, "1")),
+) -> list[list[int]]:
+    """One call of `store_batch.lua` as the holder of `shards` (stream, token and read to
+    check); `writes` are (shard index, command, key, arguments). Its fenced and gap shards."""
+    script = redis.register_script(load_lua("store_batch.lua"))
     keys = [GroupKeys(GROUP).epoch(stream) for stream, _ in shards]
     keys += [stream for stream, _ in shards]
-    args: list[bytes | str | int] = [
-        STATE_TTL_S,
-        MARKERS_TTL_S,
-        HISTORY_SIZE,
-        HISTORY_MAX_BYTES,
-        GROUP,
-    ]
-    args += [text_max_bytes, len(shards)]
-    args += [held_with for _, held_with in shards]  # the token, and no read to check
-    for job, shard in jobs:
-        keys += [job.state, job.history, job.markers, job.text_state, job.text]
-        args.append(shard)
-    args.append("".join(line for line, _ in events))
-    args += [body for _, body in events]
-    codes, fenced, gaps, stamps = await script(keys=keys, args=args)
-    return codes, fenced, gaps, stamps
+    args: list[bytes | str | int] = [GROUP, len(shards), *(held for _, held in shards)]
+    lines = []
+    values: list[bytes | str | int] = []
+    for shard, command, key, arguments in writes:
+        keys.append(key)
+        lines.append(f"{shard} {command} {len(keys)} {len(arguments)} {len(values)}\n")
+        values += arguments
+    fenced, gaps, (seconds, _) = await script(keys=keys, args=[*args, "".join(lines), *values])
+    now_s, _ = await redis.time()
+    assert now_s - 1 <= int(seconds) <= now_s, "the third value is the server's time"
+    return [fenced, gaps]
 
 
-class TestBranches:
-    """The one-character codes the script returns and what the adapter makes of them."""
+class TestStoreScript:
+    """`store_batch.lua`: the fence and the read order checked, then the writes as given."""
 
-    async def test_code_4_and_the_shard_index_when_the_token_moved_on(
+    async def test_the_writes_of_a_fenced_shard_are_left_out_and_the_others_stored(
         self, streams_redis: Redis
     ) -> None:
-        other = JobKeys.of("chat", "job-2")
         await streams_redis.set(EPOCH, 2)
         await streams_redis.set(CHAT_EPOCH, 1)
 
-        # Two shards held with token 1 (the first one's epoch moved on), job 1 on shard 1,
-        # job 2 on shard 2.
-        reply = await call_script(
+        reply = await store_writes(
             streams_redis,
-            [stage_args(1, 5, 1, b'{"p":"fenced"}'), stage_args(2, 1, 2, b'{"p":"applied"}')],
-            shards=[(SHARD, 1), (CHAT_SHARD, 1)],
-            jobs=[(JOB, 1), (other, 2)],
+            [
+                (1, "SET", JOB.state, [b"fenced"]),
+                (2, "RPUSH", CHAT_JOB.history, [b"a", b"b"]),
+                (2, "HSET", CHAT_JOB.markers, ["last", 2]),
+            ],
         )
 
-        assert reply == (b"40", [1], [], [b"", b'"event_id":1,'])
-        assert await streams_redis.exists(JOB.state, JOB.history, JOB.markers) == 0
-        assert await streams_redis.get(other.state) == b'{"event_id":1,"p":"applied"}'
+        assert reply == [[1], []]
+        assert await streams_redis.exists(JOB.state) == 0
+        assert await streams_redis.lrange(CHAT_JOB.history, 0, -1) == [b"a", b"b"]
+        assert await streams_redis.hget(CHAT_JOB.markers, "last") == b"2"
 
-    async def test_the_script_returns_one_code_per_event_for_all_four_branches(
+    async def test_a_shard_without_an_epoch_holds_no_token(self, streams_redis: Redis) -> None:
+        reply = await store_writes(
+            streams_redis, [(1, "SET", JOB.state, [b"x"])], shards=[(SHARD, "1")]
+        )
+
+        assert reply == [[1], []]
+        assert await streams_redis.exists(JOB.state) == 0
+
+    async def test_the_writes_of_a_shard_whose_read_came_after_another_consumers_are_left_out(
         self, streams_redis: Redis
     ) -> None:
         await streams_redis.set(EPOCH, 1)
-        await hold(streams_redis, 1)
+        await streams_redis.xgroup_create(SHARD, GROUP, id="0", mkstream=True)
+        taken = await streams_redis.xadd(SHARD, {"n": "1"})
+        await streams_redis.xreadgroup(GROUP, "another", {SHARD: ">"}, count=1)
+        first = (await streams_redis.xadd(SHARD, {"n": "2"})).decode()
+        await streams_redis.xreadgroup(GROUP, "me", {SHARD: ">"}, count=1)
+        writes = [(1, "SET", JOB.state, [b"x"])]
 
-        reply = await call_script(
-            streams_redis,
-            [
-                stage_args(1, 5, 1, b'{"p":"applied"}'),
-                stage_args(1, 5, 1, b'{"p":"same entry again"}'),
-                stage_args(1, 5, 2, b'{"p":"other entry, same seq"}'),
-                stage_args(1, 4, 3, b'{"p":"lower seq"}'),
-            ],
-        )
+        gap = await store_writes(streams_redis, writes, shards=[(SHARD, f"1 (0-0 {first} me")])
+        assert (gap, await streams_redis.exists(JOB.state)) == ([[], [1]], 0)
 
-        # The entry again gets the stamp it got in the same call.
-        assert reply == (b"0123", [], [], [b'"event_id":5,', b'"event_id":5,', b"", b""])
-        assert await streams_redis.get(JOB.state) == b'{"event_id":5,"p":"applied"}'
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [b'{"event_id":5,"p":"applied"}']
+        after = f"1 ({taken.decode()} {first} me"
+        in_order = await store_writes(streams_redis, writes, shards=[(SHARD, after)])
+        assert (in_order, await streams_redis.get(JOB.state)) == ([[], []], b"x")
 
-    async def test_the_script_returns_one_code_per_token_for_every_token_branch(
+    async def test_a_command_that_is_no_write_is_refused_before_anything_is_written(
         self, streams_redis: Redis
     ) -> None:
-        await streams_redis.set(CHAT_EPOCH, 1)
+        await streams_redis.set(EPOCH, 1)
+        await streams_redis.set(JOB.history, b"kept")
 
-        reply = await call_script(
+        with pytest.raises(ResponseError, match="not a write: DEL"):
+            await store_writes(
+                streams_redis,
+                [(1, "SET", JOB.state, [b"x"]), (1, "DEL", JOB.history, [])],
+                shards=[(SHARD, "1")],
+            )
+
+        assert await streams_redis.exists(JOB.state) == 0
+        assert await streams_redis.get(JOB.history) == b"kept"
+
+    async def test_each_write_takes_its_own_arguments_in_order(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+
+        await store_writes(
             streams_redis,
             [
-                token_args(1, 1001, 1, "abc"),
-                token_args(1, 1001, 2, "abc"),  # seen
-                token_args(1, 1002, 3, "de", attempt=1),  # a newer attempt: the text restarts
-                token_args(1, 1003, 4, "x"),  # the older attempt, late
-                token_args(1, 1003, 5, "fghijklmno", attempt=1),  # 2 + 10 bytes: over 10
-                token_args(1, 1004, 6, "p", attempt=1),  # would fit, but the text is full
-                token_args(1, 1001, 7, "q" * 11, attempt=2),  # restarts and does not fit
+                (1, "RPUSH", JOB.history, [b"1", b"2", b"3"]),
+                (1, "LTRIM", JOB.history, [1, -1]),
+                (1, "SET", JOB.state, [b"s", "EX", 50]),
+                (1, "HSET", JOB.markers, ["a", 1, "b", 2]),
+                (1, "HDEL", JOB.markers, ["a"]),
+                (1, "EXPIRE", JOB.history, [70]),
             ],
-            shards=[(CHAT_SHARD, 1)],
-            jobs=[(CHAT_JOB, 1)],
-            text_max_bytes=SMALL_TEXT,
+            shards=[(SHARD, "1")],
         )
 
-        assert reply == (
-            b"0263879",
-            [],
-            [],
-            [
-                b'"event_id":1001,',
-                b"",
-                b'"event_id":1002,"prev_event_id":1001,"restart":true,',
-                b"",
-                b"",
-                b"",
-                b"",
-            ],
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"2", b"3"]
+        assert await streams_redis.hgetall(JOB.markers) == {b"b": b"2"}
+        assert 0 < await streams_redis.ttl(JOB.state) <= 50
+        assert 50 < await streams_redis.ttl(JOB.history) <= 70
+
+    async def test_writes_may_share_the_values_given(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+        script = streams_redis.register_script(load_lua("store_batch.lua"))
+        # The payload pushed is the state set: one value, two lines.
+        lines = "1 RPUSH 3 1 0\n1 SET 4 3 0\n"
+
+        await script(
+            keys=[EPOCH, SHARD, JOB.history, JOB.state],
+            args=[GROUP, 1, "1", lines, b"payload", "EX", 50],
         )
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"payload"]
+        assert await streams_redis.get(JOB.state) == b"payload"
+        assert 0 < await streams_redis.ttl(JOB.state) <= 50
+
+    def test_the_script_is_at_most_150_lines(self) -> None:
+        assert len(load_lua("store_batch.lua").splitlines()) <= 150
+
+
+class TestBranches:
+    """What the store writes for each verdict."""
 
     async def test_code_0_applies_state_history_and_markers(
         self, store: RedisLuaStateStore, streams_redis: Redis
@@ -306,6 +310,7 @@ class TestBranches:
             b"last": b"7",
             b"last_id": b"7",
             b"history_bytes": str(len(kept(event))).encode(),
+            b"sizes": str(len(kept(event))).encode(),
         }
 
     async def test_code_1_republishes_without_writing(
@@ -406,8 +411,10 @@ class TestBranches:
         await apply(store, [applied])
         # Only "last" is left: the equal seq cannot be told apart from a replay, so it is stale.
         await streams_redis.hdel(JOB.markers, "5")
+        # A router that holds no record of the job reads it as the keys have it.
+        loading = await make_store(streams_redis)
 
-        judgements = await apply(store, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
+        judgements = await apply(loading, [encoded(seq=5, stream_id=entry_id(6), stage="copy")])
 
         assert judgements == [STALE]
         assert await streams_redis.get(JOB.state) == kept(applied)
@@ -675,8 +682,9 @@ class TestAfterTheEnd:
         # Markers written before the field: the job's end is known from its next one on.
         await apply(store, [chat(180, stage="done", status="completed")])
         await streams_redis.hdel(CHAT_JOB.markers, "ended")
+        loading = await make_store(streams_redis)
 
-        assert await apply(store, [token(1001, "a")]) == [NEW_APPLY]
+        assert await apply(loading, [token(1001, "a")]) == [NEW_APPLY]
 
 
 class TestEventIds:
@@ -732,29 +740,6 @@ class TestEventIds:
         )
         assert applied.stamps[1] == fields + b'"truncated":false},'
         assert await streams_redis.get(CHAT_JOB.state) == stamped(done.payload, applied.stamps[1])
-
-    async def test_only_an_event_passed_as_terminal_carries_the_check(
-        self, streams_redis: Redis
-    ) -> None:
-        await streams_redis.set(CHAT_EPOCH, 1)
-
-        _, _, _, stamps = await call_script(
-            streams_redis,
-            [
-                token_args(1, 1001, 1, "Hi"),
-                stage_args(1, 2, 2, b'{"p":"saved"}'),
-                stage_args(1, 3, 3, b'{"p":"done"}', terminal=True),
-            ],
-            shards=[(CHAT_SHARD, 1)],
-            jobs=[(CHAT_JOB, 1)],
-        )
-
-        assert stamps == [
-            b'"event_id":1001,',
-            b'"event_id":1002,"prev_event_id":1001,',
-            b'"event_id":1003,"prev_event_id":1002,'
-            b'"text_check":{"bytes":2,"sha1":"%s","truncated":false},' % sha1(b"Hi").encode(),
-        ]
 
     async def test_the_check_of_a_full_text_says_truncated(
         self, small_text: RedisLuaStateStore
@@ -890,8 +875,10 @@ class TestKeys:
         now_s, _ = await streams_redis.time()
         await streams_redis.hset(JOB.markers, "renewed", now_s - renewed_ago_s)
         await _expire_all(streams_redis, 5, JOB.state, JOB.history, JOB.markers)
+        # The renewal as a router that loads the job's record finds it.
+        loading = await make_store(streams_redis)
 
-        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+        await apply(loading, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert 5 < await streams_redis.ttl(JOB.state) <= STATE_TTL_S
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
@@ -909,8 +896,9 @@ class TestKeys:
         await streams_redis.hset(CHAT_JOB.markers, "renewed", now_s - RENEW_EVERY_S)
         keys = (CHAT_JOB.history, CHAT_JOB.text_state, CHAT_JOB.text, CHAT_JOB.markers)
         await _expire_all(streams_redis, 5, *keys)
+        loading = await make_store(streams_redis)
 
-        await apply(store, [token(1002, "b") if due_with == "token" else chat(2)])
+        await apply(loading, [token(1002, "b") if due_with == "token" else chat(2)])
 
         for key in keys[:3]:
             assert STATE_TTL_S < await streams_redis.ttl(key) <= STATE_TTL_S + RENEW_EVERY_S
@@ -957,8 +945,9 @@ class TestKeys:
     ) -> None:
         await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
         await streams_redis.delete(JOB.history)
+        loading = await make_store(streams_redis)
 
-        await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+        await apply(loading, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert STATE_TTL_S < await streams_redis.ttl(JOB.history) <= STATE_TTL_S + RENEW_EVERY_S
 
@@ -1052,8 +1041,8 @@ class TestKeys:
         await hold(streams_redis, *range(1, 2501))
         assert await apply(store, batch) == [NEW_APPLY] * 2500
         assert await apply(store, replay) == [DUPLICATE] * 2500
-        # The seqs, then last, last_id, history_bytes and renewed.
-        assert await streams_redis.hlen(JOB.markers) == 2504
+        # The seqs, then last, last_id, history_bytes, sizes and renewed.
+        assert await streams_redis.hlen(JOB.markers) == 2505
         assert await streams_redis.hget(JOB.markers, "last") == b"2500"
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-HISTORY_SIZE:]
 
@@ -1088,8 +1077,11 @@ class TestMarkersExpiry:
 
         await wait_until(markers_gone, what="the markers hash to expire")
         older = encoded(seq=3, stream_id=entry_id(3), stage="late")
+        # A router holding the record would keep it well inside the TTLs; one loading it
+        # finds none.
+        loading = await make_store(streams_redis)
 
-        assert await apply(store, [older]) == [NEW_APPLY]
+        assert await apply(loading, [older]) == [NEW_APPLY]
         # Its ids start again too: nothing is known of the job's earlier ones.
         assert await streams_redis.get(JOB.state) == kept(older)
         history = await streams_redis.lrange(JOB.history, 0, -1)
@@ -1098,6 +1090,7 @@ class TestMarkersExpiry:
             b"last": b"3",
             b"last_id": b"3",
             b"history_bytes": str(sum(len(p) for p in history)).encode(),
+            b"sizes": b",".join(str(len(p)).encode() for p in history),
         }
         assert 0 < await streams_redis.ttl(JOB.markers) <= MARKERS_TTL_S + RENEW_EVERY_S
 
@@ -1123,8 +1116,9 @@ class TestHistoryBytes:
         await apply(small, [sized(1, 3000), sized(2, 3000)])
         await streams_redis.delete(JOB.history)  # expired: the state TTL is shorter
         fresh = [sized(3, 4000), sized(4, 4000)]
+        loading = await make_store(streams_redis, history_size=100, history_max_bytes=10_000)
 
-        await apply(small, fresh)
+        await apply(loading, fresh)
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(fresh, 2)
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"8000"
@@ -1151,6 +1145,96 @@ class TestHistoryBytes:
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == kept_in_turn(batch)[-10:]
         assert await streams_redis.hget(JOB.markers, "history_bytes") == b"10000"
+
+
+async def _loads(redis: Redis) -> int:
+    """How many job records the server has been asked for (one HGETALL each)."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+class TestHeldRecords:
+    """The records of the jobs a store wrote are held under the shard's fencing token and not
+    read again; a new token, a fenced or failed store call drops them."""
+
+    async def test_a_job_written_is_not_read_again_under_the_same_token(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        loads = await _loads(streams_redis)
+
+        judged = await apply(
+            store,
+            [encoded(seq=2, stream_id=entry_id(2)), encoded(seq=1, stream_id=entry_id(1))],
+        )
+
+        assert judged == [NEW_APPLY, NEW_REPUBLISH]
+        assert await _loads(streams_redis) == loads
+        assert store.held_jobs == 1
+
+    async def test_a_held_texts_bytes_are_read_only_for_a_terminal_events_check(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [chat(1), token(1001, "ab")])
+        await apply(store, [token(1002, "c")])
+
+        applied = await apply_stamped(store, [chat(2, stage="done", status="completed")])
+
+        assert applied.judgements == [NEW_APPLY]
+        assert b'"bytes":3,"sha1":"%s"' % sha1(b"abc").encode() in (applied.stamps[0] or b"")
+
+    async def test_a_new_token_drops_the_shards_records(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        redelivered = encoded(seq=1, stream_id=entry_id(1))
+        await apply(store, [redelivered])
+        # Written behind the holder's back: only a store that reads the record sees it.
+        await streams_redis.delete(JOB.markers)
+        assert await apply(store, [redelivered]) == [NEW_REPUBLISH]
+        await streams_redis.set(EPOCH, 2)
+
+        applied = await store.apply([redelivered], {SHARD: 2})
+
+        assert applied.judgements == [NEW_APPLY]
+
+    async def test_a_fenced_store_call_drops_the_shards_records(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1)), chat(1)])
+        await streams_redis.set(EPOCH, 2)
+
+        applied = await store.apply([encoded(seq=2, stream_id=entry_id(2))], {SHARD: 1})
+
+        assert applied.fenced == {SHARD}
+        assert store.held_jobs == 1  # the chat shard's job
+
+    async def test_a_failed_store_call_drops_the_records_of_its_shards(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        await apply(store, [encoded(seq=1, stream_id=entry_id(1))])
+        # A key of the wrong type makes the script fail after some of its writes.
+        await streams_redis.delete(JOB.history)
+        await streams_redis.set(JOB.history, "x")
+
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the port's error, whichever
+            await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
+
+        assert store.held_jobs == 0
+
+    async def test_the_least_recently_used_records_go_beyond_the_bound(
+        self, streams_redis: Redis
+    ) -> None:
+        store = await make_store(streams_redis, held_jobs=2)
+        for job in ("a", "b", "c"):
+            await apply(store, [encoded(seq=1, stream_id=entry_id(1), job_id=job)])
+        loads = await _loads(streams_redis)
+
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2), job_id="c")])
+        held_c = await _loads(streams_redis)
+        await apply(store, [encoded(seq=2, stream_id=entry_id(2), job_id="a")])
+
+        assert store.held_jobs == 2
+        assert (held_c, await _loads(streams_redis)) == (loads, loads + 1)
 
 
 async def _text_keys(redis: Redis, job: JobKeys = CHAT_JOB) -> tuple[object, ...]:
