@@ -181,7 +181,10 @@ async def store_writes(
         keys.append(key)
         lines.append(f"{shard} {command} {len(keys)} {len(arguments)} {len(values)}\n")
         values += arguments
-    fenced, gaps, (seconds, _) = await script(keys=keys, args=[*args, "".join(lines), *values])
+    fenced, gaps, (seconds, _), present = await script(
+        keys=keys, args=[*args, "".join(lines), "", *values]
+    )
+    assert present == [], "nothing was assumed absent"
     now_s, _ = await redis.time()
     assert now_s - 1 <= int(seconds) <= now_s, "the third value is the server's time"
     return [fenced, gaps]
@@ -281,7 +284,7 @@ class TestStoreScript:
 
         await script(
             keys=[EPOCH, SHARD, JOB.history, JOB.state],
-            args=[GROUP, 1, "1", lines, b"payload", "EX", 50],
+            args=[GROUP, 1, "1", lines, "", b"payload", "EX", 50],
         )
 
         assert await streams_redis.lrange(JOB.history, 0, -1) == [b"payload"]
@@ -1220,6 +1223,36 @@ class TestHeldRecords:
             await apply(store, [encoded(seq=2, stream_id=entry_id(2))])
 
         assert store.held_jobs == 0
+
+    async def test_a_job_first_seen_at_seq_0_is_assumed_new_and_not_read(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        loads = await _loads(streams_redis)
+
+        judged = await apply(store, [encoded(seq=0, stream_id=entry_id(1))])
+
+        assert judged == [NEW_APPLY]
+        assert await _loads(streams_redis) == loads
+        assert await streams_redis.hget(JOB.markers, "last") == b"0"
+
+    async def test_a_job_assumed_new_that_has_keys_is_read_and_its_batch_settled_again(
+        self, store: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        first, second = encoded(seq=0, stream_id=entry_id(1)), encoded(seq=1, stream_id=entry_id(2))
+        await hold(streams_redis, 1)
+        await apply(store, [first, second])
+        before = await _snapshot(streams_redis)
+        # A router that holds nothing (restarted, or taking the shard over) meets a retry of
+        # the job's first event, from another entry, beside another job's first.
+        restarted = await make_store(streams_redis)
+        retry = encoded(seq=0, stream_id=entry_id(3))
+        other = encoded(seq=0, stream_id=entry_id(4), job_id="job-2")
+
+        judged = await apply(restarted, [retry, other])
+
+        assert judged == [DUPLICATE, NEW_APPLY]
+        assert await _snapshot(streams_redis) == before
+        assert await streams_redis.hget(JobKeys.of("scan", "job-2").markers, "last") == b"0"
 
     async def test_the_least_recently_used_records_go_beyond_the_bound(
         self, streams_redis: Redis

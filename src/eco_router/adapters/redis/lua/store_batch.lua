@@ -7,12 +7,14 @@
 --       began (exclusive), the first entry it brought and the consumer that read it; then
 --       one value holding every write's line, "<shard> <command> <key> <count> <at>\n" (the
 --       shard's and the key's 1-based indices; the write's `count` arguments are the values
---       from the `at`-th on, counted from 0), then the values. Lines may share values (a
+--       from the `at`-th on, counted from 0), then one value naming the keys the caller
+--       assumed absent ("<key> <key> ..."), then the values. Lines may share values (a
 --       payload pushed to the history and set as the state is sent once).
--- Returns {fenced shards, gap shards, TIME}: the 1-based indices of the shards whose token is
--- no longer the caller's, then of those where an entry another consumer read (or a read whose
--- reply was lost) comes before the read's first (their writes are left out), and the
--- server's time, from which the caller knows when the next TTL renewals are due.
+-- Returns {fenced shards, gap shards, TIME, present keys}: the 1-based indices of the shards
+-- whose token is no longer the caller's, then of those where an entry another consumer read
+-- (or a read whose reply was lost) comes before the read's first (their writes are left out),
+-- the server's time, from which the caller knows when the next TTL renewals are due, and the
+-- keys assumed absent that exist: when there is one, nothing is written.
 local redis_call, tonumber, unpack = redis.call, tonumber, unpack
 local group = ARGV[1]
 local shards = tonumber(ARGV[2])
@@ -49,11 +51,28 @@ for shard, command, key, count, at in string.gmatch(ARGV[shards + 3], pattern) d
   end
   lines[#lines + 1] = { tonumber(shard), command, tonumber(key), tonumber(count), tonumber(at) }
 end
-local values = shards + 4
+-- A job the caller has not read is assumed new: if one exists after all, the caller reads it
+-- and settles the batch again.
+local assumed = {}
+for key in string.gmatch(ARGV[shards + 4], '%d+') do
+  assumed[#assumed + 1] = KEYS[tonumber(key)]
+end
+for at = 1, #assumed, 1000 do
+  if redis_call('EXISTS', unpack(assumed, at, math.min(at + 999, #assumed))) > 0 then
+    local present = {}
+    for key in string.gmatch(ARGV[shards + 4], '%d+') do
+      if redis_call('EXISTS', KEYS[tonumber(key)]) == 1 then
+        present[#present + 1] = tonumber(key)
+      end
+    end
+    return { fenced, gaps, redis_call('TIME'), present }
+  end
+end
+local values = shards + 5
 for _, line in ipairs(lines) do
   if not skipped[line[1]] then
     local at = values + line[5]
     redis_call(line[2], KEYS[line[3]], unpack(ARGV, at, at + line[4] - 1))
   end
 end
-return { fenced, gaps, redis_call('TIME') }
+return { fenced, gaps, redis_call('TIME'), {} }

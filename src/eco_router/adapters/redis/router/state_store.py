@@ -44,6 +44,8 @@ from eco_router.domain.verdict import Judgement
 _HEAD = ("last", "last_id", "ended", "sizes", "history_bytes", "renewed")
 _TEXT = ("attempt", "seq", "id", "entry", "bytes", "full", "node", "run_at", "runs")
 _ENDED = {b"1": (True, False), b"2": (True, True)}
+# The record of a job no key is kept of.
+_NEW = StoredJob()
 # unpack() in the script is bounded by the Lua stack: long argument lists go in chunks.
 _CHUNK = 1000
 # Jobs whose records a store holds at most, by default.
@@ -174,47 +176,58 @@ class RedisLuaStateStore(StateStore):
         batch = [events[n] for n in mine]
         tag = hash_tag(shards[0])
         now = self._server_now(tag)
-        try:
-            with redis_errors("load job records"):
-                records, renewed = await self._records(batch, now)
-                gone = await self._gone(batch, records)
-        except BaseException:
-            self._forget(shards)
-            raise
-        settled = settle(batch, records, self._limits, gone)
-        keys = [self._group_keys.epoch(stream) for stream in shards] + shards
-        args: list[str | int | bytes] = [self._group, len(shards)]
-        for stream, token in fence.items():
-            # A shard's token, and where its read began, what it brought first and who read it.
-            start = starts.get(stream)
-            checked = f"{token} ({start.after} {start.first} {start.consumer}" if start else token
-            args.append(checked)
-        lines: list[str] = []
-        values: list[str | int | bytes] = []
-        after = dict(records)
-        for write in settled.writes:
-            job = write.job
-            after[job] = write.record
-            renewed[job] = self._write(
-                write,
-                records[job],
-                renewed.get(job),
-                now,
-                shard_index[write.stream],
-                keys,
-                lines,
-                values,
-            )
-        args.append("".join(lines))
-        try:
-            with redis_errors("store batch"):
-                fenced, gaps, (seconds, micros) = await self._replica_wait.call(
-                    self._redis, self._script, keys, args + values, trips=self._trips
+        # Jobs assumed new that were not: read, and the batch settled again.
+        to_read: set[JobKey] = set()
+        while True:
+            try:
+                with redis_errors("load job records"):
+                    records, renewed, assumed = await self._records(batch, now, to_read)
+                    gone = await self._gone(batch, records)
+            except BaseException:
+                self._forget(shards)
+                raise
+            settled = settle(batch, records, self._limits, gone)
+            keys = [self._group_keys.epoch(stream) for stream in shards] + shards
+            args: list[str | int | bytes] = [self._group, len(shards)]
+            for stream, token in fence.items():
+                # A shard's token, and where its read began, what it brought first and who
+                # read it.
+                start = starts.get(stream)
+                checked = (
+                    f"{token} ({start.after} {start.first} {start.consumer}" if start else token
                 )
-        except BaseException:
-            # Written or not, the records held may no longer be what the keys hold.
-            self._forget(shards)
-            raise
+                args.append(checked)
+            lines: list[str] = []
+            values: list[str | int | bytes] = []
+            after = dict(records)
+            for write in settled.writes:
+                job = write.job
+                after[job] = write.record
+                renewed[job] = self._write(
+                    write,
+                    records[job],
+                    renewed.get(job),
+                    now,
+                    shard_index[write.stream],
+                    keys,
+                    lines,
+                    values,
+                )
+            args.append("".join(lines))
+            absent = _assumed_keys(assumed, keys)
+            args.append(" ".join(map(str, absent)))
+            try:
+                with redis_errors("store batch"):
+                    fenced, gaps, (seconds, micros), present = await self._replica_wait.call(
+                        self._redis, self._script, keys, args + values, trips=self._trips
+                    )
+            except BaseException:
+                # Written or not, the records held may no longer be what the keys hold.
+                self._forget(shards)
+                raise
+            if not present:
+                break
+            to_read.update(absent[key] for key in present)
         self._server_clocks[tag] = (int(seconds) + int(micros) / 1e6, time.monotonic())
         skipped = {shards[n - 1] for n in (*fenced, *gaps)}
         self._forget(skipped)
@@ -242,13 +255,16 @@ class RedisLuaStateStore(StateStore):
         return int(server_s + time.monotonic() - at)
 
     async def _records(
-        self, batch: Sequence[EncodedEvent], now: int
-    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int | None]]:
+        self, batch: Sequence[EncodedEvent], now: int, to_read: Collection[JobKey]
+    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int | None], dict[JobKey, tuple[str, str]]]:
         """The records of the batch's jobs, held or loaded, and when each job's TTLs were
         last renewed (server seconds). A held text's bytes are loaded only when a terminal
-        event may check them."""
+        event may check them. A job neither held nor in `to_read` whose first event here is
+        its first (a stage event of seq 0) is assumed new and not read: its markers and
+        history keys, returned, are checked absent by the store call."""
         records: dict[JobKey, StoredJob] = {}
         renewed: dict[JobKey, int | None] = {}
+        assumed: dict[JobKey, tuple[str, str]] = {}
         asked: dict[JobKey, tuple[tuple[str, str, str, str, str], bool]] = {}
         texts: dict[JobKey, str] = {}
         held = self._held
@@ -260,13 +276,18 @@ class RedisLuaStateStore(StateStore):
                 if holding is not None and now < holding.expires:
                     records[job] = holding.record
                     renewed[job] = holding.renewed
+                elif event.seq == 0 and not event.is_token and job not in to_read:
+                    keys = _job_keys(event.domain, event.job_id, event.stream)
+                    records[job] = _NEW
+                    renewed[job] = None
+                    assumed[job] = (keys[2], keys[1])
                 else:
                     asked[job] = (_job_keys(event.domain, event.job_id, event.stream), False)
             if not event.is_terminal:
                 continue
             if job in asked:
                 asked[job] = (asked[job][0], True)
-            elif job not in texts:
+            elif job not in texts and job not in assumed:
                 text = records[job].text
                 if text is not None and text.content is None:
                     texts[job] = _job_keys(event.domain, event.job_id, event.stream)[4]
@@ -274,7 +295,7 @@ class RedisLuaStateStore(StateStore):
             loaded, loaded_renewed = await self._load(asked, texts, records)
             records.update(loaded)
             renewed.update(loaded_renewed)
-        return records, renewed
+        return records, renewed, assumed
 
     async def _load(
         self,
@@ -522,7 +543,7 @@ class RedisLuaStateStore(StateStore):
                 # would expire while the job goes on.
                 if not write.appended:
                     line((2, "EXPIRE", (self._history_ttl,)))
-                if not text_changed:
+                if not text_changed and text is not None:
                     line((4, "EXPIRE", (self._history_ttl,)))
                     line((5, "EXPIRE", (self._history_ttl,)))
                 renewed = now
@@ -613,6 +634,23 @@ class RedisLuaStateStore(StateStore):
             runs=tuple(spans),
             full=full == b"1",
         )
+
+
+def _assumed_keys(assumed: Mapping[JobKey, tuple[str, str]], keys: list[str]) -> dict[int, JobKey]:
+    """The 1-based indices, in `keys`, of the assumed jobs' keys to check absent, each job's
+    named once (added to `keys` when its write did not name them)."""
+    if not assumed:
+        return {}
+    index = {key: n for n, key in enumerate(keys, 1)}
+    checked: dict[int, JobKey] = {}
+    for job, job_keys in assumed.items():
+        for key in job_keys:
+            at = index.get(key)
+            if at is None:
+                keys.append(key)
+                at = index[key] = len(keys)
+            checked[at] = job
+    return checked
 
 
 def _entry_ms(entry: bytes) -> int | None:
