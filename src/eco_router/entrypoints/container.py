@@ -129,6 +129,7 @@ class Container(containers.DeclarativeContainer):
         history_size=settings.provided.history_size,
         history_max_bytes=settings.provided.history_max_bytes,
         text_max_bytes=settings.provided.text_max_bytes,
+        held_jobs=settings.provided.held_jobs,
         families=settings.provided.streams,
         replica_wait=providers.Factory(
             ReplicaWait, settings.provided.wait_replicas, settings.provided.wait_timeout_ms
