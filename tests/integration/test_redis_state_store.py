@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
 from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
+from eco_router.adapters.redis.router.store_flags import (
+    HISTORY_RENEW,
+    MARKERS_RENEW,
+    STATE_LAST,
+    STATE_OWN,
+    STATE_RENEW,
+    TEXT_APPEND,
+    TEXT_FORGET,
+    TEXT_KEYS,
+    TEXT_RENEW,
+    TEXT_SET,
+)
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.port_values import Applied, EncodedEvent, ReadStart
 from eco_router.domain.text import stamp, stamped
@@ -163,35 +175,62 @@ def sha1(text: bytes) -> str:
     return hashlib.sha1(text, usedforsecurity=False).hexdigest()
 
 
-async def store_writes(
+@dataclass(frozen=True)
+class Part:
+    """One job's part of a store call, as `store_batch.lua` takes it."""
+
+    shard: int
+    job: JobKeys
+    flags: int = 0
+    appended: Sequence[bytes] = ()
+    state: bytes | None = None
+    text: bytes | None = None
+    marks: Sequence[bytes | str | int] = ()
+    text_fields: Sequence[bytes | str | int] = ()
+    dropped: int = 0
+
+
+# The state's, the history's and the markers' TTLs `store_parts` gives.
+TTLS = (50, 70, 90)
+
+
+async def store_parts(
     redis: Redis,
-    writes: Sequence[tuple[int, str, str, Sequence[bytes | str | int]]],
+    parts: Sequence[Part],
     *,
     shards: Sequence[tuple[str, str]] = ((SHARD, "1"), (CHAT_SHARD, "1")),
+    absent: Sequence[str] = (),
 ) -> list[list[int]]:
     """One call of `store_batch.lua` as the holder of `shards` (stream, token and read to
-    check); `writes` are (shard index, command, key, arguments). Its fenced and gap shards."""
+    check), assuming the keys `absent` absent. Its fenced shards, gap shards and the indices
+    of the keys assumed absent that exist."""
     script = redis.register_script(load_lua("store_batch.lua"))
     keys = [GroupKeys(GROUP).epoch(stream) for stream, _ in shards]
     keys += [stream for stream, _ in shards]
-    args: list[bytes | str | int] = [GROUP, len(shards), *(held for _, held in shards)]
-    lines = []
     values: list[bytes | str | int] = []
-    for shard, command, key, arguments in writes:
+    for part in parts:
+        job = part.job
+        keys += [job.state, job.history, job.markers]
+        if part.flags & TEXT_KEYS:
+            keys += [job.text_state, job.text]
+        values += [part.shard, part.flags, len(part.appended), len(part.marks)]
+        values += [len(part.text_fields), part.dropped, *part.appended]
+        values += [v for v in (part.state, part.text) if v is not None]
+        values += [*part.marks, *part.text_fields]
+    checked = []
+    for key in absent:
         keys.append(key)
-        lines.append(f"{shard} {command} {len(keys)} {len(arguments)} {len(values)}\n")
-        values += arguments
-    fenced, gaps, (seconds, _), present = await script(
-        keys=keys, args=[*args, "".join(lines), "", *values]
-    )
-    assert present == [], "nothing was assumed absent"
+        checked.append(str(len(keys)))
+    args = [GROUP, len(shards), *(held for _, held in shards), " ".join(checked), *TTLS]
+    fenced, gaps, (seconds, _), present = await script(keys=keys, args=[*args, len(parts), *values])
     now_s, _ = await redis.time()
     assert now_s - 1 <= int(seconds) <= now_s, "the third value is the server's time"
-    return [fenced, gaps]
+    return [fenced, gaps, present]
 
 
 class TestStoreScript:
-    """`store_batch.lua`: the fence and the read order checked, then the writes as given."""
+    """`store_batch.lua`: the fence and the read order checked, then each job's writes as its
+    flags and counts say."""
 
     async def test_the_writes_of_a_fenced_shard_are_left_out_and_the_others_stored(
         self, streams_redis: Redis
@@ -199,26 +238,25 @@ class TestStoreScript:
         await streams_redis.set(EPOCH, 2)
         await streams_redis.set(CHAT_EPOCH, 1)
 
-        reply = await store_writes(
+        reply = await store_parts(
             streams_redis,
             [
-                (1, "SET", JOB.state, [b"fenced"]),
-                (2, "RPUSH", CHAT_JOB.history, [b"a", b"b"]),
-                (2, "HSET", CHAT_JOB.markers, ["last", 2]),
+                Part(1, JOB, STATE_OWN, state=b"fenced"),
+                Part(2, CHAT_JOB, appended=[b"a", b"b"], marks=["last", 2]),
             ],
         )
 
-        assert reply == [[1], []]
+        assert reply == [[1], [], []]
         assert await streams_redis.exists(JOB.state) == 0
         assert await streams_redis.lrange(CHAT_JOB.history, 0, -1) == [b"a", b"b"]
         assert await streams_redis.hget(CHAT_JOB.markers, "last") == b"2"
 
     async def test_a_shard_without_an_epoch_holds_no_token(self, streams_redis: Redis) -> None:
-        reply = await store_writes(
-            streams_redis, [(1, "SET", JOB.state, [b"x"])], shards=[(SHARD, "1")]
+        reply = await store_parts(
+            streams_redis, [Part(1, JOB, STATE_OWN, state=b"x")], shards=[(SHARD, "1")]
         )
 
-        assert reply == [[1], []]
+        assert reply == [[1], [], []]
         assert await streams_redis.exists(JOB.state) == 0
 
     async def test_the_writes_of_a_shard_whose_read_came_after_another_consumers_are_left_out(
@@ -230,66 +268,124 @@ class TestStoreScript:
         await streams_redis.xreadgroup(GROUP, "another", {SHARD: ">"}, count=1)
         first = (await streams_redis.xadd(SHARD, {"n": "2"})).decode()
         await streams_redis.xreadgroup(GROUP, "me", {SHARD: ">"}, count=1)
-        writes = [(1, "SET", JOB.state, [b"x"])]
+        parts = [Part(1, JOB, STATE_OWN, state=b"x")]
 
-        gap = await store_writes(streams_redis, writes, shards=[(SHARD, f"1 (0-0 {first} me")])
-        assert (gap, await streams_redis.exists(JOB.state)) == ([[], [1]], 0)
+        gap = await store_parts(streams_redis, parts, shards=[(SHARD, f"1 (0-0 {first} me")])
+        assert (gap, await streams_redis.exists(JOB.state)) == ([[], [1], []], 0)
 
         after = f"1 ({taken.decode()} {first} me"
-        in_order = await store_writes(streams_redis, writes, shards=[(SHARD, after)])
-        assert (in_order, await streams_redis.get(JOB.state)) == ([[], []], b"x")
+        in_order = await store_parts(streams_redis, parts, shards=[(SHARD, after)])
+        assert (in_order, await streams_redis.get(JOB.state)) == ([[], [], []], b"x")
 
-    async def test_a_command_that_is_no_write_is_refused_before_anything_is_written(
+    async def test_nothing_is_written_when_a_key_assumed_absent_exists(
         self, streams_redis: Redis
     ) -> None:
         await streams_redis.set(EPOCH, 1)
-        await streams_redis.set(JOB.history, b"kept")
+        other = JobKeys.of("scan", "job-2")
+        await streams_redis.hset(other.markers, "last", 4)
+        parts = [Part(1, JOB, STATE_OWN, state=b"x", marks=["last", 0])]
 
-        with pytest.raises(ResponseError, match="not a write: DEL"):
-            await store_writes(
-                streams_redis,
-                [(1, "SET", JOB.state, [b"x"]), (1, "DEL", JOB.history, [])],
-                shards=[(SHARD, "1")],
-            )
+        reply = await store_parts(
+            streams_redis, parts, shards=[(SHARD, "1")], absent=[JOB.markers, other.markers]
+        )
 
-        assert await streams_redis.exists(JOB.state) == 0
-        assert await streams_redis.get(JOB.history) == b"kept"
+        # The keys: the epoch, the stream, the job's three, then the two checked.
+        assert reply == [[], [], [7]]
+        assert await streams_redis.exists(JOB.state, JOB.markers) == 0
 
-    async def test_each_write_takes_its_own_arguments_in_order(self, streams_redis: Redis) -> None:
+    async def test_each_write_takes_its_own_values_in_order(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+        await streams_redis.hset(JOB.markers, "a", 0)
+        part = Part(
+            1,
+            JOB,
+            STATE_OWN | HISTORY_RENEW | MARKERS_RENEW,
+            appended=[b"1", b"2", b"3"],
+            state=b"s",
+            marks=["a", 1, "b", 2],
+            dropped=1,
+        )
+
+        await store_parts(streams_redis, [part], shards=[(SHARD, "1")])
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"2", b"3"]
+        assert await streams_redis.get(JOB.state) == b"s"
+        assert await streams_redis.hgetall(JOB.markers) == {b"a": b"1", b"b": b"2"}
+        state_ttl, history_ttl, markers_ttl = TTLS
+        assert 0 < await streams_redis.ttl(JOB.state) <= state_ttl
+        assert state_ttl < await streams_redis.ttl(JOB.history) <= history_ttl
+        assert history_ttl < await streams_redis.ttl(JOB.markers) <= markers_ttl
+
+    async def test_the_state_set_is_the_last_payload_appended_sent_once(
+        self, streams_redis: Redis
+    ) -> None:
         await streams_redis.set(EPOCH, 1)
 
-        await store_writes(
+        await store_parts(
+            streams_redis,
+            [Part(1, JOB, STATE_LAST, appended=[b"first", b"payload"])],
+            shards=[(SHARD, "1")],
+        )
+
+        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"first", b"payload"]
+        assert await streams_redis.get(JOB.state) == b"payload"
+        assert 0 < await streams_redis.ttl(JOB.state) <= TTLS[0]
+        assert await streams_redis.ttl(JOB.history) == -1, "not renewed unless flagged"
+
+    async def test_a_lifecycle_event_alone_renews_the_state_as_long_as_the_history(
+        self, streams_redis: Redis
+    ) -> None:
+        await streams_redis.set(EPOCH, 1)
+        await streams_redis.set(JOB.state, b"kept")
+
+        await store_parts(
+            streams_redis,
+            [Part(1, JOB, STATE_RENEW | HISTORY_RENEW, appended=[b"cancelled"])],
+            shards=[(SHARD, "1")],
+        )
+
+        assert await streams_redis.get(JOB.state) == b"kept"
+        assert TTLS[0] < await streams_redis.ttl(JOB.state) <= TTLS[1]
+
+    async def test_the_text_is_set_appended_to_forgotten_and_renewed_as_flagged(
+        self, streams_redis: Redis
+    ) -> None:
+        await streams_redis.set(CHAT_EPOCH, 1)
+        shards = [(CHAT_SHARD, "1")]
+        fields = ["attempt", 0, "id", 7, "entry", "1-0"]
+        text = TEXT_KEYS | TEXT_SET | TEXT_RENEW
+
+        await store_parts(
+            streams_redis, [Part(1, CHAT_JOB, text, text=b"ab", text_fields=fields)], shards=shards
+        )
+        await store_parts(
+            streams_redis,
+            [Part(1, CHAT_JOB, TEXT_KEYS | TEXT_APPEND | TEXT_FORGET, text=b"c")],
+            shards=shards,
+        )
+
+        assert await streams_redis.get(CHAT_JOB.text) == b"abc"
+        assert await streams_redis.hgetall(CHAT_JOB.text_state) == {b"attempt": b"0"}
+        assert TTLS[0] < await streams_redis.ttl(CHAT_JOB.text) <= TTLS[1]
+        assert TTLS[0] < await streams_redis.ttl(CHAT_JOB.text_state) <= TTLS[1]
+
+    async def test_thousands_of_values_are_written_in_parts(self, streams_redis: Redis) -> None:
+        await streams_redis.set(EPOCH, 1)
+        payloads = [str(n).encode() for n in range(2500)]
+        marks = [f"m{n}" if n % 2 == 0 else n for n in range(3002)]
+
+        await store_parts(
             streams_redis,
             [
-                (1, "RPUSH", JOB.history, [b"1", b"2", b"3"]),
-                (1, "LTRIM", JOB.history, [1, -1]),
-                (1, "SET", JOB.state, [b"s", "EX", 50]),
-                (1, "HSET", JOB.markers, ["a", 1, "b", 2]),
-                (1, "HDEL", JOB.markers, ["a"]),
-                (1, "EXPIRE", JOB.history, [70]),
+                Part(1, JOB, appended=payloads, marks=marks),
+                Part(1, CHAT_JOB, STATE_OWN, state=b"s"),
             ],
             shards=[(SHARD, "1")],
         )
 
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"2", b"3"]
-        assert await streams_redis.hgetall(JOB.markers) == {b"b": b"2"}
-        assert 0 < await streams_redis.ttl(JOB.state) <= 50
-        assert 50 < await streams_redis.ttl(JOB.history) <= 70
-
-    async def test_writes_may_share_the_values_given(self, streams_redis: Redis) -> None:
-        await streams_redis.set(EPOCH, 1)
-        script = streams_redis.register_script(load_lua("store_batch.lua"))
-        # The payload pushed is the state set: one value, two lines.
-        lines = "1 RPUSH 3 1 0\n1 SET 4 3 0\n"
-
-        await script(
-            keys=[EPOCH, SHARD, JOB.history, JOB.state],
-            args=[GROUP, 1, "1", lines, "", b"payload", "EX", 50],
-        )
-
-        assert await streams_redis.lrange(JOB.history, 0, -1) == [b"payload"]
-        assert await streams_redis.get(JOB.state) == b"payload"
-        assert 0 < await streams_redis.ttl(JOB.state) <= 50
+        assert await streams_redis.lrange(JOB.history, 0, -1) == payloads
+        assert await streams_redis.hlen(JOB.markers) == 1501
+        assert await streams_redis.get(CHAT_JOB.state) == b"s"
 
     def test_the_script_is_at_most_150_lines(self) -> None:
         assert len(load_lua("store_batch.lua").splitlines()) <= 150

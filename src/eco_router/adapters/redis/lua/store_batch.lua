@@ -1,26 +1,27 @@
 -- Store a batch's writes, as `domain.settle` decided them, atomically, on the shards whose
 -- fencing token still holds and whose read came in order. Nothing is judged here.
--- KEYS: the fencing epoch of each shard written, then each one's stream, then every key the
---       writes name.
+-- KEYS: the fencing epoch of each shard written, then each one's stream, then per job its
+--       state, history and markers keys (and its text state and text keys when its flags say
+--       so), then any other key to check absent.
 -- ARGV: the consumer group, the number of shards, per shard one value: its token, followed,
 --       when there is a read to check, by " (<after> <first> <consumer>": where the read
 --       began (exclusive), the first entry it brought and the consumer that read it; then
---       one value holding every write's line, "<shard> <command> <key> <count> <at>\n" (the
---       shard's and the key's 1-based indices; the write's `count` arguments are the values
---       from the `at`-th on, counted from 0), then one value naming the keys the caller
---       assumed absent ("<key> <key> ..."), then the values. Lines may share values (a
---       payload pushed to the history and set as the state is sent once).
+--       the keys the caller assumed absent ("<key index> ..."), the state's, the history's
+--       (and text's) and the markers' TTLs, the number of jobs, then per job six numbers:
+--       its shard's index, its flags (below), how many payloads its history appends, how
+--       many values its markers and its text state set, how many of the oldest payloads its
+--       history drops; then its values: the payloads, the state (STATE_OWN), the text
+--       (TEXT_SET, TEXT_APPEND), the markers' fields and values, the text state's.
 -- Returns {fenced shards, gap shards, TIME, present keys}: the 1-based indices of the shards
 -- whose token is no longer the caller's, then of those where an entry another consumer read
 -- (or a read whose reply was lost) comes before the read's first (their writes are left out),
 -- the server's time, from which the caller knows when the next TTL renewals are due, and the
 -- keys assumed absent that exist: when there is one, nothing is written.
-local redis_call, tonumber, unpack = redis.call, tonumber, unpack
+local redis_call, tonumber, unpack, band, min = redis.call, tonumber, unpack, bit.band, math.min
+local TEXT_KEYS, TEXT_SET, TEXT_APPEND, TEXT_FORGET, TEXT_RENEW = 1, 2, 4, 8, 16
+local STATE_LAST, STATE_OWN, STATE_RENEW, HISTORY_RENEW, MARKERS_RENEW = 32, 64, 128, 256, 512
 local group = ARGV[1]
 local shards = tonumber(ARGV[2])
--- Only the commands a job's write is made of: anything else is a bug in the caller.
-local WRITES = { ['SET'] = true, ['APPEND'] = true, ['RPUSH'] = true, ['LTRIM'] = true,
-  ['HSET'] = true, ['HDEL'] = true, ['EXPIRE'] = true }
 
 local skipped, fenced, gaps = {}, {}, {}
 -- One MGET for every shard's epoch: a command per shard costs more than the check itself.
@@ -42,37 +43,94 @@ for shard = 1, shards do
   end
 end
 
--- Every line is checked before anything is written: a script's writes are not undone.
-local lines = {}
-local pattern = '(%d+) (%u+) (%d+) (%d+) (%d+)\n'
-for shard, command, key, count, at in string.gmatch(ARGV[shards + 3], pattern) do
-  if not WRITES[command] then
-    return redis.error_reply('store_batch: not a write: ' .. command)
-  end
-  lines[#lines + 1] = { tonumber(shard), command, tonumber(key), tonumber(count), tonumber(at) }
-end
 -- A job the caller has not read is assumed new: if one exists after all, the caller reads it
 -- and settles the batch again.
 local assumed = {}
-for key in string.gmatch(ARGV[shards + 4], '%d+') do
-  assumed[#assumed + 1] = KEYS[tonumber(key)]
+for key in string.gmatch(ARGV[shards + 3], '%d+') do
+  assumed[#assumed + 1] = tonumber(key)
 end
 for at = 1, #assumed, 1000 do
-  if redis_call('EXISTS', unpack(assumed, at, math.min(at + 999, #assumed))) > 0 then
+  local names = {}
+  for n = at, min(at + 999, #assumed) do
+    names[#names + 1] = KEYS[assumed[n]]
+  end
+  if redis_call('EXISTS', unpack(names)) > 0 then
     local present = {}
-    for key in string.gmatch(ARGV[shards + 4], '%d+') do
-      if redis_call('EXISTS', KEYS[tonumber(key)]) == 1 then
-        present[#present + 1] = tonumber(key)
+    for _, key in ipairs(assumed) do
+      if redis_call('EXISTS', KEYS[key]) == 1 then
+        present[#present + 1] = key
       end
     end
     return { fenced, gaps, redis_call('TIME'), present }
   end
 end
-local values = shards + 5
-for _, line in ipairs(lines) do
-  if not skipped[line[1]] then
-    local at = values + line[5]
-    redis_call(line[2], KEYS[line[3]], unpack(ARGV, at, at + line[4] - 1))
+
+-- `command` on `key` with the `count` values from ARGV[at] on, a thousand at a time (unpack
+-- is bounded by the Lua stack; field-value pairs stay whole).
+local function many(command, key, at, count)
+  for first = at, at + count - 1, 1000 do
+    redis_call(command, key, unpack(ARGV, first, min(first + 999, at + count - 1)))
+  end
+end
+
+local state_ttl, history_ttl, markers_ttl = ARGV[shards + 4], ARGV[shards + 5], ARGV[shards + 6]
+local at, key = shards + 8, shards * 2 + 1
+for _ = 1, tonumber(ARGV[shards + 7]) do
+  local shard, flags = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  local appended, marks = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  local texts, dropped = tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
+  local state, history, markers = KEYS[key], KEYS[key + 1], KEYS[key + 2]
+  local text_state, text = KEYS[key + 3], KEYS[key + 4]
+  key = key + (band(flags, TEXT_KEYS) ~= 0 and 5 or 3)
+  local payloads = at + 6
+  at = payloads + appended
+  local own, text_value
+  if band(flags, STATE_OWN) ~= 0 then
+    own, at = ARGV[at], at + 1
+  end
+  if band(flags, TEXT_SET + TEXT_APPEND) ~= 0 then
+    text_value, at = ARGV[at], at + 1
+  end
+  local marks_at, texts_at = at, at + marks
+  at = texts_at + texts
+  if not skipped[shard] then
+    if band(flags, TEXT_SET) ~= 0 then
+      redis_call('SET', text, text_value)
+    elseif band(flags, TEXT_APPEND) ~= 0 then
+      redis_call('APPEND', text, text_value)
+    end
+    if texts > 0 then
+      many('HSET', text_state, texts_at, texts)
+    end
+    if band(flags, TEXT_FORGET) ~= 0 then
+      redis_call('HDEL', text_state, 'id', 'entry')
+    end
+    if band(flags, TEXT_RENEW) ~= 0 then
+      redis_call('EXPIRE', text_state, history_ttl)
+      redis_call('EXPIRE', text, history_ttl)
+    end
+    if appended > 0 then
+      many('RPUSH', history, payloads, appended)
+    end
+    if band(flags, STATE_LAST) ~= 0 then
+      redis_call('SET', state, ARGV[payloads + appended - 1], 'EX', state_ttl)
+    elseif own then
+      redis_call('SET', state, own, 'EX', state_ttl)
+    elseif band(flags, STATE_RENEW) ~= 0 then
+      redis_call('EXPIRE', state, history_ttl)
+    end
+    if marks > 0 then
+      many('HSET', markers, marks_at, marks)
+    end
+    if dropped > 0 then
+      redis_call('LTRIM', history, dropped, -1)
+    end
+    if band(flags, HISTORY_RENEW) ~= 0 then
+      redis_call('EXPIRE', history, history_ttl)
+    end
+    if band(flags, MARKERS_RENEW) ~= 0 then
+      redis_call('EXPIRE', markers, markers_ttl)
+    end
   end
 end
 return { fenced, gaps, redis_call('TIME'), {} }

@@ -18,6 +18,19 @@ from eco_router.adapters.redis.connections.round_trips import round_trips
 from eco_router.adapters.redis.connections.slots import by_slot, gather_all
 from eco_router.adapters.redis.errors import port_error, redis_errors
 from eco_router.adapters.redis.keys import GroupKeys, JobKeys
+from eco_router.adapters.redis.router.store_flags import (
+    HISTORY_RENEW,
+    MARKERS_RENEW,
+    STATE_LAST,
+    STATE_OWN,
+    STATE_RENEW,
+    TEXT_APPEND,
+    TEXT_FORGET,
+    TEXT_KEYS,
+    TEXT_RENEW,
+    TEXT_SET,
+    TEXT_WRITES,
+)
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.application.port_values import Applied, EncodedEvent, JobView, ReadStart
 from eco_router.application.ports import StateStore
@@ -46,8 +59,6 @@ _TEXT = ("attempt", "seq", "id", "entry", "bytes", "full", "node", "run_at", "ru
 _ENDED = {b"1": (True, False), b"2": (True, True)}
 # The record of a job no key is kept of.
 _NEW = StoredJob()
-# unpack() in the script is bounded by the Lua stack: long argument lists go in chunks.
-_CHUNK = 1000
 # Jobs whose records a store holds at most, by default.
 DEFAULT_HELD_JOBS = 50_000
 
@@ -197,7 +208,6 @@ class RedisLuaStateStore(StateStore):
                     f"{token} ({start.after} {start.first} {start.consumer}" if start else token
                 )
                 args.append(checked)
-            lines: list[str] = []
             values: list[str | int | bytes] = []
             after = dict(records)
             for write in settled.writes:
@@ -210,12 +220,11 @@ class RedisLuaStateStore(StateStore):
                     now,
                     shard_index[write.stream],
                     keys,
-                    lines,
                     values,
                 )
-            args.append("".join(lines))
             absent = _assumed_keys(assumed, keys)
             args.append(" ".join(map(str, absent)))
+            args += (self._state_ttl, self._history_ttl, self._markers_ttl, len(settled.writes))
             try:
                 with redis_errors("store batch"):
                     fenced, gaps, (seconds, micros), present = await self._replica_wait.call(
@@ -455,27 +464,27 @@ class RedisLuaStateStore(StateStore):
         now: int,
         shard: int,
         keys: list[str],
-        lines: list[str],
         values: list[str | int | bytes],
     ) -> int | None:
-        """One job's write as the script's lines; TTLs renewed at most once per
+        """One job's keys and values as the script takes them; TTLs renewed at most once per
         `_renew_every` seconds (a clock that went back renews too). Returns when the job's
         TTLs were last renewed once it is stored (server seconds)."""
-        # (key: 1 state, 2 history, 3 markers, 4 text state, 5 text; command; arguments),
-        # turned into lines at the end; None: the state, the payload pushed just before.
-        writes: list[tuple[int, str, Sequence[str | int | bytes] | None]] = []
-        line = writes.append
         due = renewed is None or now - renewed >= self._renew_every or now < renewed
         record = write.record
         text = record.text
+        flags = 0
+        text_value: bytes | None = None
+        text_fields: list[str | int | bytes] = []
         text_changed = text is not None and text != before.text
         if text is not None and text_changed:
             if write.text_restarted and (before.text is not None or write.text_appended):
-                line((5, "SET", (write.text_appended,)))
+                flags |= TEXT_SET
+                text_value = write.text_appended
             elif write.text_appended:
-                line((5, "APPEND", (write.text_appended,)))
+                flags |= TEXT_APPEND
+                text_value = write.text_appended
             runs = "".join(f"{r.node}\t{r.start}\t{r.end}\n" for r in text.runs)
-            fields: list[str | int | bytes] = [
+            text_fields = [
                 "attempt",
                 text.attempt,
                 "seq",
@@ -492,75 +501,63 @@ class RedisLuaStateStore(StateStore):
                 runs,
             ]
             if text.last_id is not None and text.last_entry is not None:
-                fields += ["id", text.last_id, "entry", text.last_entry]
-            line((4, "HSET", fields))
+                text_fields += ["id", text.last_id, "entry", text.last_entry]
             if text.last_id is None and before.text is not None:
                 # No token of the new attempt was written: the old attempt's last one is not its.
-                line((4, "HDEL", ("id", "entry")))
+                flags |= TEXT_FORGET
             if due or before.text is None or write.text_restarted:
-                line((4, "EXPIRE", (self._history_ttl,)))
-                line((5, "EXPIRE", (self._history_ttl,)))
+                flags |= TEXT_RENEW
         appended = write.appended
         state = write.state
-        if appended:
-            for at in range(0, len(appended), _CHUNK):
-                line((2, "RPUSH", appended[at : at + _CHUNK]))
-            if state is appended[-1]:
-                # The state is the payload just pushed: sent once, its SET takes it from there.
-                line((1, "SET", None))
-                state = None
-        if state is not None:
-            line((1, "SET", (state, "EX", self._state_ttl)))
-        elif appended and write.state is None and due:
+        if appended and state is appended[-1]:
+            # The state is the payload just pushed: sent once.
+            flags |= STATE_LAST
+            state = None
+        elif state is not None:
+            flags |= STATE_OWN
+        elif appended and due:
             # Lifecycle events alone: the state stays, and lives as long as the history.
-            line((1, "EXPIRE", (self._history_ttl,)))
+            flags |= STATE_RENEW
         marks: list[str | int | bytes] = []
         for seq, marker in write.markers.items():
-            marks += [seq, marker.entry.encode() + b" " + marker.stamp]
+            marks += (seq, marker.entry.encode() + b" " + marker.stamp)
         for name, marker in write.lifecycle.items():
-            marks += [name, marker.entry.encode() + b" " + marker.stamp]
+            marks += (name, marker.entry.encode() + b" " + marker.stamp)
         if appended:
-            if write.dropped:
-                line((2, "LTRIM", (write.dropped, -1)))
             if due or not before.history_sizes:
-                line((2, "EXPIRE", (self._history_ttl,)))
+                flags |= HISTORY_RENEW
             sizes = record.history_sizes
-            marks += ["sizes", ",".join(map(str, sizes)), "history_bytes", sum(sizes)]
+            marks += ("sizes", ",".join(map(str, sizes)), "history_bytes", sum(sizes))
             if record.last_seq is not None:
-                marks += ["last", record.last_seq]
+                marks += ("last", record.last_seq)
         if record.last_id is not None and record.last_id != before.last_id:
-            marks += ["last_id", record.last_id]
+            marks += ("last_id", record.last_id)
         if (record.ended, record.written_after_end) != (before.ended, before.written_after_end):
-            marks += ["ended", "2" if record.written_after_end else "1" if record.ended else "0"]
-        if marks:
-            if due:
-                marks += ["renewed", now]
-            for at in range(0, len(marks), _CHUNK):
-                line((3, "HSET", marks[at : at + _CHUNK]))
-            if due:
-                line((3, "EXPIRE", (self._markers_ttl,)))
-                # The keys of the kind that did not come are renewed with the others, or they
-                # would expire while the job goes on.
-                if not write.appended:
-                    line((2, "EXPIRE", (self._history_ttl,)))
-                if not text_changed and text is not None:
-                    line((4, "EXPIRE", (self._history_ttl,)))
-                    line((5, "EXPIRE", (self._history_ttl,)))
-                renewed = now
-        # Only the keys written are given, each once: every argument costs the server.
+            marks += ("ended", "2" if record.written_after_end else "1" if record.ended else "0")
+        if marks and due:
+            marks += ("renewed", now)
+            flags |= MARKERS_RENEW
+            # The keys of the kind that did not come are renewed with the others, or they
+            # would expire while the job goes on.
+            if not appended:
+                flags |= HISTORY_RENEW
+            if not text_changed and text is not None:
+                flags |= TEXT_RENEW
+            renewed = now
         job_keys = _job_keys(*write.job, write.stream)
-        named = [0, 0, 0, 0, 0, 0]
-        for kind, command, arguments in writes:
-            key = named[kind]
-            if not key:
-                keys.append(job_keys[kind - 1])
-                key = named[kind] = len(keys)
-            if arguments is None:
-                lines.append(f"{shard} {command} {key} 3 {len(values) - 1}\n")
-                values += ("EX", self._state_ttl)
-            else:
-                lines.append(f"{shard} {command} {key} {len(arguments)} {len(values)}\n")
-                values += arguments
+        if flags & TEXT_WRITES or text_fields:
+            flags |= TEXT_KEYS
+            keys += job_keys
+        else:
+            keys += job_keys[:3]
+        values += (shard, flags, len(appended), len(marks), len(text_fields), write.dropped)
+        values += appended
+        if state is not None:
+            values.append(state)
+        if text_value is not None:
+            values.append(text_value)
+        values += marks
+        values += text_fields
         return renewed
 
     async def view(self, domain: str, job_id: str) -> JobView:
