@@ -23,7 +23,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from eco_router.adapters.jwt_secret import MAX_TOKEN_BYTES, MIN_SECRET_BYTES
 from eco_router.adapters.redaction import redact_query, redact_url
 from eco_router.adapters.redis.connections.topology import ClusterSeeds, parse_redis_url
-from eco_router.adapters.redis.router.state_store import DEFAULT_HELD_JOBS
 from eco_router.domain.control import MAX_CONTROL_BODY_BYTES, ControlLimits
 from eco_router.domain.event_size import (
     DEFAULT_HISTORY_MAX_BYTES,
@@ -119,7 +118,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(5, ge=1)
     history_size: int = Field(100, ge=1, le=10_000)
     # Jobs whose records a router keeps in memory (docs/ARCHITECTURE.md#held-records).
-    held_jobs: int = Field(DEFAULT_HELD_JOBS, ge=0, le=10_000_000)
+    held_jobs: int = Field(50_000, ge=0, le=10_000_000)
     channel_prefix: str = Field("sse:events", min_length=1)
     # The operator console (/console on `serve`): off unless asked for.
     console: bool = False

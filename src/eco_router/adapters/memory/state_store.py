@@ -4,7 +4,7 @@ the writes `domain.settle` decides."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from eco_router.adapters.memory.streams import InMemoryStreams, NoGroup, WrongType
 from eco_router.application.errors import TransientError
@@ -163,10 +163,9 @@ class InMemoryStateStore(StateStore):
             now >= job.state_expires_ms
         ):
             job.state, job.history = None, []
-            record = replace(record, history_sizes=(), text=None)
+            record = record._replace(history_sizes=(), text=None)
         if record.last_id is not None and now >= job.markers_expire_ms:
-            record = replace(
-                record,
+            record = record._replace(
                 last_seq=None,
                 last_id=None,
                 markers={},

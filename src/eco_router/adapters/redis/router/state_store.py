@@ -370,7 +370,7 @@ class RedisLuaStateStore(StateStore):
         for job in texts:
             record = held[job]
             assert record.text is not None
-            records[job] = replace(record, text=replace(record.text, content=next(replies) or b""))
+            records[job] = record._replace(text=replace(record.text, content=next(replies) or b""))
         if unsized:
             # A history kept by a release that did not keep its sizes: counted once.
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -378,7 +378,7 @@ class RedisLuaStateStore(StateStore):
                     pipe.lrange(history, 0, -1)
                 for job, payloads in zip(unsized, await pipe.execute(), strict=True):
                     sizes = tuple(len(p) for p in payloads)
-                    records[job] = replace(records[job], history_sizes=sizes)
+                    records[job] = records[job]._replace(history_sizes=sizes)
         return records, renewed
 
     def _hold(
@@ -404,7 +404,7 @@ class RedisLuaStateStore(StateStore):
             if text is not None and text.content is not None:
                 # The bytes are read again for the next check: held, a record's size does not
                 # grow with its text.
-                record = replace(record, text=replace(text, content=None))
+                record = record._replace(text=replace(text, content=None))
             held[job] = _Held(stream, fence[stream], record, at, at + hold_s)
             held.move_to_end(job)
         while len(held) > self._held_jobs:
