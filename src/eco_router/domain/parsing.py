@@ -35,17 +35,9 @@ def parse_entry(
     max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
 ) -> JobEvent | Rejection:
     """Validate one entry; every way it can be wrong becomes a `Rejection`, never an exception."""
-    text: dict[str, str] = {}
-    for raw_name, raw_value in fields.items():
-        if len(raw_value) > max_field_bytes:
-            return Rejection(
-                RejectReason.FIELD_TOO_LARGE,
-                f"field {raw_name[:64]!r} has {len(raw_value)} bytes (max {max_field_bytes})",
-            )
-        try:
-            text[raw_name.decode()] = raw_value.decode()
-        except UnicodeDecodeError:
-            return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
+    text = _text(fields, max_field_bytes)
+    if isinstance(text, Rejection):
+        return text
     if "" in text.values():
         for name in _EMPTY_MEANS_ABSENT:
             if text.get(name) == "":
@@ -124,6 +116,29 @@ def parse_entry(
         },
         attempt=attempt,
     )
+
+
+def _text(fields: Mapping[bytes, bytes], max_field_bytes: int) -> dict[str, str] | Rejection:
+    """The fields as text, or why the first field that cannot be is refused."""
+    # Every entry read comes here: the whole entry in one pass when it is fine, the fields one
+    # by one only to name the first that is not.
+    if not fields or max(map(len, fields.values())) <= max_field_bytes:
+        try:
+            return {name.decode(): value.decode() for name, value in fields.items()}
+        except UnicodeDecodeError:
+            pass
+    for raw_name, raw_value in fields.items():
+        if len(raw_value) > max_field_bytes:
+            return Rejection(
+                RejectReason.FIELD_TOO_LARGE,
+                f"field {raw_name[:64]!r} has {len(raw_value)} bytes (max {max_field_bytes})",
+            )
+        try:
+            raw_name.decode()
+            raw_value.decode()
+        except UnicodeDecodeError:
+            return Rejection(RejectReason.NOT_UTF8, f"field {raw_name[:64]!r} is not UTF-8")
+    raise AssertionError("unreachable: every field decoded")
 
 
 def traceparent(text: str) -> str | None:

@@ -192,7 +192,7 @@ class RedisLuaStateStore(StateStore):
         while True:
             try:
                 with redis_errors("load job records"):
-                    records, renewed, assumed = await self._records(batch, now, to_read)
+                    records, renewed, assumed, loaded = await self._records(batch, now, to_read)
                     gone = await self._gone(batch, records)
             except BaseException:
                 self._forget(shards)
@@ -209,10 +209,8 @@ class RedisLuaStateStore(StateStore):
                 )
                 args.append(checked)
             values: list[str | int | bytes] = []
-            after = dict(records)
             for write in settled.writes:
                 job = write.job
-                after[job] = write.record
                 renewed[job] = self._write(
                     write,
                     records[job],
@@ -240,8 +238,7 @@ class RedisLuaStateStore(StateStore):
         self._server_clocks[tag] = (int(seconds) + int(micros) / 1e6, time.monotonic())
         skipped = {shards[n - 1] for n in (*fenced, *gaps)}
         self._forget(skipped)
-        streams = {item.event.job_key: item.event.stream for item in batch}
-        self._hold(after, renewed, streams, fence, skipped)
+        self._hold(settled.writes, records, loaded, renewed, fence, skipped)
         judgements: list[Judgement | None] = [None] * len(events)
         stamps: list[bytes | None] = [None] * len(events)
         for n, judgement, fields in zip(mine, settled.judgements, settled.stamps, strict=True):
@@ -265,17 +262,24 @@ class RedisLuaStateStore(StateStore):
 
     async def _records(
         self, batch: Sequence[EncodedEvent], now: int, to_read: Collection[JobKey]
-    ) -> tuple[dict[JobKey, StoredJob], dict[JobKey, int | None], dict[JobKey, tuple[str, str]]]:
+    ) -> tuple[
+        dict[JobKey, StoredJob],
+        dict[JobKey, int | None],
+        dict[JobKey, tuple[str, str]],
+        dict[JobKey, str],
+    ]:
         """The records of the batch's jobs, held or loaded, and when each job's TTLs were
         last renewed (server seconds). A held text's bytes are loaded only when a terminal
         event may check them. A job neither held nor in `to_read` whose first event here is
         its first (a stage event of seq 0) is assumed new and not read: its markers and
-        history keys, returned, are checked absent by the store call."""
+        history keys, returned, are checked absent by the store call. Last, the stream of
+        each job loaded."""
         records: dict[JobKey, StoredJob] = {}
         renewed: dict[JobKey, int | None] = {}
         assumed: dict[JobKey, tuple[str, str]] = {}
         asked: dict[JobKey, tuple[tuple[str, str, str, str, str], bool]] = {}
         texts: dict[JobKey, str] = {}
+        read_from: dict[JobKey, str] = {}
         held = self._held
         for item in batch:
             event = item.event
@@ -292,6 +296,7 @@ class RedisLuaStateStore(StateStore):
                     assumed[job] = (keys[2], keys[1])
                 else:
                     asked[job] = (_job_keys(event.domain, event.job_id, event.stream), False)
+                    read_from[job] = event.stream
             if not event.is_terminal:
                 continue
             if job in asked:
@@ -304,7 +309,7 @@ class RedisLuaStateStore(StateStore):
             loaded, loaded_renewed = await self._load(asked, texts, records)
             records.update(loaded)
             renewed.update(loaded_renewed)
-        return records, renewed, assumed
+        return records, renewed, assumed, read_from
 
     async def _load(
         self,
@@ -383,32 +388,51 @@ class RedisLuaStateStore(StateStore):
 
     def _hold(
         self,
+        writes: Sequence[JobWrite],
         records: Mapping[JobKey, StoredJob],
+        loaded: Mapping[JobKey, str],
         renewed: Mapping[JobKey, int | None],
-        streams: Mapping[JobKey, str],
         fence: Mapping[str, int],
         skipped: Collection[str],
     ) -> None:
-        """Hold the batch's records, as stored, under their shards' tokens; the least
-        recently used beyond `held_jobs` go."""
+        """Hold the records loaded and written, as stored, under their shards' tokens; the
+        least recently used beyond `held_jobs` go. Those held and not written stay as held."""
         held = self._held
-        hold_s = self._hold_s
-        for job, record in records.items():
-            stream = streams[job]
-            at = renewed.get(job)
-            if at is None or stream in skipped:
-                # Not known to be what the keys hold, or not how long they live.
-                held.pop(job, None)
-                continue
-            text = record.text
-            if text is not None and text.content is not None:
-                # The bytes are read again for the next check: held, a record's size does not
-                # grow with its text.
-                record = record._replace(text=replace(text, content=None))
-            held[job] = _Held(stream, fence[stream], record, at, at + hold_s)
-            held.move_to_end(job)
+        for job, stream in loaded.items():
+            self._hold_one(job, stream, records[job], renewed.get(job), fence, skipped)
+        for write in writes:
+            self._hold_one(
+                write.job, write.stream, write.record, renewed.get(write.job), fence, skipped
+            )
         while len(held) > self._held_jobs:
             held.popitem(last=False)
+
+    def _hold_one(
+        self,
+        job: JobKey,
+        stream: str,
+        record: StoredJob,
+        at: int | None,
+        fence: Mapping[str, int],
+        skipped: Collection[str],
+    ) -> None:
+        held = self._held
+        if at is None or stream in skipped:
+            # Not known to be what the keys hold, or not how long they live.
+            held.pop(job, None)
+            return
+        text = record.text
+        if text is not None and text.content is not None:
+            # The bytes are read again for the next check: held, a record's size does not
+            # grow with its text.
+            record = record._replace(text=replace(text, content=None))
+        holding = held.get(job)
+        if holding is None:
+            held[job] = _Held(stream, fence[stream], record, at, at + self._hold_s)
+            return
+        holding.token, holding.record = fence[stream], record
+        holding.renewed, holding.expires = at, at + self._hold_s
+        held.move_to_end(job)
 
     def _forget(self, streams: Collection[str]) -> None:
         """Drop the records held of `streams`' jobs, and the tokens they were held under."""
