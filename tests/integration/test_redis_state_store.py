@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -200,10 +201,12 @@ async def store_parts(
     *,
     shards: Sequence[tuple[str, str]] = ((SHARD, "1"), (CHAT_SHARD, "1")),
     absent: Sequence[str] = (),
-) -> list[list[int]]:
+    held: Sequence[tuple[int, str]] = (),
+) -> list[list[Any]]:
     """One call of `store_batch.lua` as the holder of `shards` (stream, token and read to
-    check), assuming the keys `absent` absent. Its fenced shards, gap shards and the indices
-    of the keys assumed absent that exist."""
+    check), assuming the keys `absent` absent and the (shard, entry) pairs `held` held. Its
+    fenced shards, gap shards and the indices of the keys assumed absent that exist; and,
+    when `held` names any, the entries assumed held that are not."""
     script = redis.register_script(load_lua("store_batch.lua"))
     keys = [GroupKeys(GROUP).epoch(stream) for stream, _ in shards]
     keys += [stream for stream, _ in shards]
@@ -221,11 +224,14 @@ async def store_parts(
     for key in absent:
         keys.append(key)
         checked.append(str(len(keys)))
-    args = [GROUP, len(shards), *(held for _, held in shards), " ".join(checked), *TTLS]
-    fenced, gaps, (seconds, _), present = await script(keys=keys, args=[*args, len(parts), *values])
+    entries = " ".join(f"{shard} {entry}" for shard, entry in held)
+    args = [GROUP, len(shards), *(token for _, token in shards), " ".join(checked), entries]
+    fenced, gaps, (seconds, _), present, missing = await script(
+        keys=keys, args=[*args, *TTLS, len(parts), *values]
+    )
     now_s, _ = await redis.time()
     assert now_s - 1 <= int(seconds) <= now_s, "the third value is the server's time"
-    return [fenced, gaps, present]
+    return [fenced, gaps, present, missing] if held else [fenced, gaps, present]
 
 
 class TestStoreScript:
@@ -292,6 +298,24 @@ class TestStoreScript:
         # The keys: the epoch, the stream, the job's three, then the two checked.
         assert reply == [[], [], [7]]
         assert await streams_redis.exists(JOB.state, JOB.markers) == 0
+
+    async def test_nothing_is_written_when_an_entry_assumed_held_is_not(
+        self, streams_redis: Redis
+    ) -> None:
+        await streams_redis.set(EPOCH, 1)
+        await hold(streams_redis, 1)
+        parts = [Part(1, JOB, STATE_OWN, state=b"x")]
+
+        reply = await store_parts(
+            streams_redis, parts, shards=[(SHARD, "1")], held=[(1, entry_id(1)), (1, entry_id(2))]
+        )
+
+        assert reply == [[], [], [], [f"1 {entry_id(2)}".encode()]]
+        assert await streams_redis.exists(JOB.state) == 0
+        assert await store_parts(
+            streams_redis, parts, shards=[(SHARD, "1")], held=[(1, entry_id(1))]
+        ) == [[], [], [], []]
+        assert await streams_redis.get(JOB.state) == b"x"
 
     async def test_each_write_takes_its_own_values_in_order(self, streams_redis: Redis) -> None:
         await streams_redis.set(EPOCH, 1)

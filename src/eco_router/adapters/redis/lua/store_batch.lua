@@ -6,17 +6,19 @@
 -- ARGV: the consumer group, the number of shards, per shard one value: its token, followed,
 --       when there is a read to check, by " (<after> <first> <consumer>": where the read
 --       began (exclusive), the first entry it brought and the consumer that read it; then
---       the keys the caller assumed absent ("<key index> ..."), the state's, the history's
+--       the keys the caller assumed absent ("<key index> ..."), the entries it assumed its
+--       streams hold ("<shard index> <entry> ..."), the state's, the history's
 --       (and text's) and the markers' TTLs, the number of jobs, then per job six numbers:
 --       its shard's index, its flags (below), how many payloads its history appends, how
 --       many values its markers and its text state set, how many of the oldest payloads its
 --       history drops; then its values: the payloads, the state (STATE_OWN), the text
 --       (TEXT_SET, TEXT_APPEND), the markers' fields and values, the text state's.
--- Returns {fenced shards, gap shards, TIME, present keys}: the 1-based indices of the shards
--- whose token is no longer the caller's, then of those where an entry another consumer read
--- (or a read whose reply was lost) comes before the read's first (their writes are left out),
--- the server's time, from which the caller knows when the next TTL renewals are due, and the
--- keys assumed absent that exist: when there is one, nothing is written.
+-- Returns {fenced shards, gap shards, TIME, present keys, missing entries}: the 1-based
+-- indices of the shards whose token is no longer the caller's, then of those where an entry
+-- another consumer read (or a read whose reply was lost) comes before the read's first (their
+-- writes are left out), the server's time, from which the caller knows when the next TTL
+-- renewals are due, the keys assumed absent that exist and the entries assumed held that are
+-- not ("<shard index> <entry>"): when there is one of either, nothing is written.
 local redis_call, tonumber, unpack, band, min = redis.call, tonumber, unpack, bit.band, math.min
 local TEXT_KEYS, TEXT_SET, TEXT_APPEND, TEXT_FORGET, TEXT_RENEW = 1, 2, 4, 8, 16
 local STATE_LAST, STATE_OWN, STATE_RENEW, HISTORY_RENEW, MARKERS_RENEW = 32, 64, 128, 256, 512
@@ -43,8 +45,14 @@ for shard = 1, shards do
   end
 end
 
--- A job the caller has not read is assumed new: if one exists after all, the caller reads it
--- and settles the batch again.
+-- A job the caller has not read is assumed new, and an entry a marker names still held: if
+-- one is not so, the caller reads it and settles the batch again.
+local missing = {}
+for shard, entry in string.gmatch(ARGV[shards + 4], '(%d+) (%S+)') do
+  if #redis_call('XRANGE', KEYS[shards + tonumber(shard)], entry, entry, 'COUNT', 1) == 0 then
+    missing[#missing + 1] = shard .. ' ' .. entry
+  end
+end
 local assumed = {}
 for key in string.gmatch(ARGV[shards + 3], '%d+') do
   assumed[#assumed + 1] = tonumber(key)
@@ -61,8 +69,11 @@ for at = 1, #assumed, 1000 do
         present[#present + 1] = key
       end
     end
-    return { fenced, gaps, redis_call('TIME'), present }
+    return { fenced, gaps, redis_call('TIME'), present, missing }
   end
+end
+if #missing > 0 then
+  return { fenced, gaps, redis_call('TIME'), {}, missing }
 end
 
 -- `command` on `key` with the `count` values from ARGV[at] on, a thousand at a time (unpack
@@ -73,9 +84,9 @@ local function many(command, key, at, count)
   end
 end
 
-local state_ttl, history_ttl, markers_ttl = ARGV[shards + 4], ARGV[shards + 5], ARGV[shards + 6]
-local at, key = shards + 8, shards * 2 + 1
-for _ = 1, tonumber(ARGV[shards + 7]) do
+local state_ttl, history_ttl, markers_ttl = ARGV[shards + 5], ARGV[shards + 6], ARGV[shards + 7]
+local at, key = shards + 9, shards * 2 + 1
+for _ = 1, tonumber(ARGV[shards + 8]) do
   local shard, flags = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
   local appended, marks = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local texts, dropped = tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
@@ -133,4 +144,4 @@ for _ = 1, tonumber(ARGV[shards + 7]) do
     end
   end
 end
-return { fenced, gaps, redis_call('TIME'), {} }
+return { fenced, gaps, redis_call('TIME'), {}, {} }

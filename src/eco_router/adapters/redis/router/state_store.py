@@ -189,14 +189,19 @@ class RedisLuaStateStore(StateStore):
         now = self._server_now(tag)
         # Jobs assumed new that were not: read, and the batch settled again.
         to_read: set[JobKey] = set()
+        # Entries assumed held by their stream that were not, looked up, and those found gone.
+        looked_up: set[tuple[str, str]] = set()
+        gone: frozenset[str] = frozenset()
         while True:
             try:
                 with redis_errors("load job records"):
                     records, renewed, assumed, loaded = await self._records(batch, now, to_read)
-                    gone = await self._gone(batch, records)
             except BaseException:
                 self._forget(shards)
                 raise
+            # An entry a marker names is assumed still held by its stream (the store call
+            # checks): only one that is not is looked up, and the batch settled again.
+            held_entries = gone_candidates(batch, records) - looked_up
             settled = settle(batch, records, self._limits, gone)
             keys = [self._group_keys.epoch(stream) for stream in shards] + shards
             args: list[str | int | bytes] = [self._group, len(shards)]
@@ -222,17 +227,23 @@ class RedisLuaStateStore(StateStore):
                 )
             absent = _assumed_keys(assumed, keys)
             args.append(" ".join(map(str, absent)))
+            args.append(" ".join(f"{shard_index[s]} {entry}" for s, entry in held_entries))
             args += (self._state_ttl, self._history_ttl, self._markers_ttl, len(settled.writes))
             try:
                 with redis_errors("store batch"):
-                    fenced, gaps, (seconds, micros), present = await self._replica_wait.call(
+                    reply = await self._replica_wait.call(
                         self._redis, self._script, keys, args + values, trips=self._trips
                     )
+                    fenced, gaps, (seconds, micros), present, missing = reply
+                    if missing:
+                        asked = {_missing(shards, m) for m in missing}
+                        looked_up |= asked
+                        gone |= await self._gone(asked)
             except BaseException:
                 # Written or not, the records held may no longer be what the keys hold.
                 self._forget(shards)
                 raise
-            if not present:
+            if not present and not missing:
                 break
             to_read.update(absent[key] for key in present)
         self._server_clocks[tag] = (int(seconds) + int(micros) / 1e6, time.monotonic())
@@ -449,14 +460,10 @@ class RedisLuaStateStore(StateStore):
         """How many jobs' records the store holds."""
         return len(self._held)
 
-    async def _gone(
-        self, batch: Sequence[EncodedEvent], records: Mapping[JobKey, StoredJob]
-    ) -> frozenset[str]:
-        """The entries the records or the batch name that their stream never held: not
-        there, no deletion went as far (XDEL), and not before its first entry (trimmed)."""
-        asked = sorted(gone_candidates(batch, records))
-        if not asked:
-            return frozenset()
+    async def _gone(self, entries: Collection[tuple[str, str]]) -> frozenset[str]:
+        """Those of the (stream, entry) pairs whose stream never held the entry: not there,
+        no deletion went as far (XDEL), and not before its first entry (trimmed)."""
+        asked = sorted(entries)
         streams = sorted({stream for stream, _ in asked})
         async with self._redis.pipeline(transaction=False) as pipe:
             for stream, entry in asked:
@@ -655,6 +662,12 @@ class RedisLuaStateStore(StateStore):
             runs=tuple(spans),
             full=full == b"1",
         )
+
+
+def _missing(shards: Sequence[str], named: bytes) -> tuple[str, str]:
+    """A (stream, entry) pair as the store call names one it did not find: "<shard> <entry>"."""
+    shard, _, entry = named.decode().partition(" ")
+    return shards[int(shard) - 1], entry
 
 
 def _assumed_keys(assumed: Mapping[JobKey, tuple[str, str]], keys: list[str]) -> dict[int, JobKey]:
