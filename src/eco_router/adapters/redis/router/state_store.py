@@ -131,6 +131,7 @@ class RedisLuaStateStore(StateStore):
         # Per shard, the fencing token its held records were loaded and written under.
         self._tokens: dict[str, int] = {}
         self._group_keys = GroupKeys(group)
+        self._epoch_keys: dict[str, str] = {}
         self._families = {f.domain: f for f in families}
         # Per slot's hash tag, the server's time as its last reply gave it, and when.
         self._server_clocks: dict[str | None, tuple[float, float]] = {}
@@ -203,7 +204,7 @@ class RedisLuaStateStore(StateStore):
             # checks): only one that is not is looked up, and the batch settled again.
             held_entries = gone_candidates(batch, records) - looked_up
             settled = settle(batch, records, self._limits, gone)
-            keys = [self._group_keys.epoch(stream) for stream in shards] + shards
+            keys = [self._epoch_key(stream) for stream in shards] + shards
             args: list[str | int | bytes] = [self._group, len(shards)]
             for stream, token in fence.items():
                 # A shard's token, and where its read began, what it brought first and who
@@ -214,8 +215,11 @@ class RedisLuaStateStore(StateStore):
                 )
                 args.append(checked)
             values: list[str | int | bytes] = []
+            # Where each written job's keys begin in `keys` (1-based).
+            key_at: dict[JobKey, int] = {}
             for write in settled.writes:
                 job = write.job
+                key_at[job] = len(keys) + 1
                 renewed[job] = self._write(
                     write,
                     records[job],
@@ -225,7 +229,7 @@ class RedisLuaStateStore(StateStore):
                     keys,
                     values,
                 )
-            absent = _assumed_keys(assumed, keys)
+            absent = _assumed_keys(assumed, key_at, keys)
             args.append(" ".join(map(str, absent)))
             args.append(" ".join(f"{shard_index[s]} {entry}" for s, entry in held_entries))
             args += (self._state_ttl, self._history_ttl, self._markers_ttl, len(settled.writes))
@@ -261,6 +265,12 @@ class RedisLuaStateStore(StateStore):
             frozenset(shards[n - 1] for n in gaps),
             stamps,
         )
+
+    def _epoch_key(self, stream: str) -> str:
+        key = self._epoch_keys.get(stream)
+        if key is None:
+            key = self._epoch_keys[stream] = self._group_keys.epoch(stream)
+        return key
 
     def _server_now(self, tag: str | None) -> int:
         """The server's time in seconds, from its last reply and the time since (TIME is
@@ -670,20 +680,20 @@ def _missing(shards: Sequence[str], named: bytes) -> tuple[str, str]:
     return shards[int(shard) - 1], entry
 
 
-def _assumed_keys(assumed: Mapping[JobKey, tuple[str, str]], keys: list[str]) -> dict[int, JobKey]:
-    """The 1-based indices, in `keys`, of the assumed jobs' keys to check absent, each job's
-    named once (added to `keys` when its write did not name them)."""
-    if not assumed:
-        return {}
-    index = {key: n for n, key in enumerate(keys, 1)}
+def _assumed_keys(
+    assumed: Mapping[JobKey, tuple[str, str]], key_at: Mapping[JobKey, int], keys: list[str]
+) -> dict[int, JobKey]:
+    """The 1-based indices, in `keys`, of the assumed jobs' markers and history keys to check
+    absent: where the job's write named them (state, history, markers from `key_at`), else
+    added to `keys`."""
     checked: dict[int, JobKey] = {}
     for job, job_keys in assumed.items():
-        for key in job_keys:
-            at = index.get(key)
-            if at is None:
-                keys.append(key)
-                at = index[key] = len(keys)
-            checked[at] = job
+        at = key_at.get(job)
+        if at is None:
+            keys += job_keys
+            checked[len(keys) - 1] = checked[len(keys)] = job
+        else:
+            checked[at + 1] = checked[at + 2] = job
     return checked
 
 
