@@ -151,7 +151,7 @@ class Backlog:
 
 
 def _fields(event: JobEvent) -> dict[str, Any]:
-    return {name: getattr(event, name) for name in JobEvent.__slots__}
+    return event._asdict()
 
 
 def batches(entries: list[EncodedEvent], size: int) -> tuple[list[Batch], Counter[str]]:
