@@ -121,7 +121,7 @@ def _p99_beside_plain(rate: int) -> Callable[[Report], str | None]:
 
     def why(report: Report) -> str | None:
         mine, plain = _paced(report, rate, "leases"), _paced(report, rate, "plain_batch")
-        if mine is None or plain is None or plain.p99_ms is None:
+        if mine is None or plain is None or mine.p50_ms is None or plain.p99_ms is None:
             return None
         return (
             f"p50 {mine.p50_ms:.1f} ms; the plain batch router's p99 at the same rate "
