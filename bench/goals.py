@@ -1,12 +1,13 @@
 """The goals of the router as the single writer of its shards' jobs (Redis only stores), each
-as met or missed by how much, from one router benchmark run."""
+as met or missed by how much: those of the router benchmark (`goal_lines`) and those of the
+chat benchmark (`chat_goal_lines`), from one run of each."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING
 from bench.plain_batch import APPLY_BATCH_LUA
 
 if TYPE_CHECKING:
+    from bench.chat_bench import Delivery
+    from bench.chat_bench import Report as ChatReport
     from bench.router_bench import Latency, Report
 
 REDIS_ADAPTERS = Path(__file__).resolve().parent.parent / "src/eco_router/adapters/redis"
@@ -276,4 +279,75 @@ def goal_lines(report: Report) -> list[str]:
         explain = None if check.explain is None else partial(check.explain, report)
         lines += judged(check.goal, check.measure(report), explain)
     lines.append(HELD_RECORD_MEMORY)
+    return lines
+
+
+# --------------------------------------------------------------------------- chat benchmark
+
+# The load one router must keep up with, and the latency a viewer may see.
+KEEP_UP_ANSWERS = 1_000
+KEEP_UP_RATE = 30
+TOKEN_P99 = Goal("tokens: p99 to a viewer", 100.0, at_most=True, unit=" ms", digits=1)
+TOKEN_COST = Goal("streams redis CPU per token / a stage event's", 0.5, at_most=True)
+
+
+def kept_up(d: Delivery, wait_after_s: float) -> float | None:
+    """The share of the written rate one router delivered: tokens delivered over written,
+    times the writing time over the time until the last one arrived, less the latency goal
+    (a router that keeps up delivers the last token within it). 1.0 when it kept up."""
+    if not d.tokens_written or not d.write_seconds:
+        return None
+    within = wait_after_s if d.delivered_within_s is None else d.delivered_within_s
+    late = max(0.0, within - TOKEN_P99.bound / 1000)
+    delivered = min(1.0, (d.tokens_delivered + d.tokens_recovered) / d.tokens_written)
+    return delivered * d.write_seconds / (d.write_seconds + late)
+
+
+def _cpu_shares(d: Delivery) -> str | None:
+    cpu = d.cpu_percent
+    return (
+        f"the router at {cpu.get('router', 0):.0f} % of a core, the streams redis at "
+        f"{cpu.get('streams', 0):.0f} %"
+    )
+
+
+def chat_goal_lines(report: ChatReport) -> list[str]:
+    """The token goals, from section 2 (cost per token against a stage event, per backlog
+    shape) and section 1 (one router under `--answers` x `--rate`), as `goal_lines` does."""
+    lines: list[str] = []
+    for c in report.cost:
+        shape = f"{c.answers:,} answers x {c.tokens_per_answer:,} tokens"
+        lines += judged(
+            replace(TOKEN_COST, name=f"tokens ({shape}): {TOKEN_COST.name}"),
+            c.ratio.get("streams_us"),
+            partial(
+                command_gap,
+                c.command_us.get("token", {}),
+                c.command_us.get("delta", {}),
+                against="a stage event",
+                per="token",
+            ),
+        )
+    d = report.throughput
+    if d is None:
+        lines.append("tokens: one router keeping up: not measured in this run")
+        return lines
+    answers, rate = int(report.args["answers"]), int(report.args["rate"])
+    load = f"{answers:,} answers x {rate} tokens/s"
+    if (answers, rate) != (KEEP_UP_ANSWERS, KEEP_UP_RATE):
+        load += f", not the goal's {KEEP_UP_ANSWERS:,} x {KEEP_UP_RATE}"
+    share = kept_up(d, float(report.args["wait_after"]))
+    goal = Goal(f"tokens ({load}): delivered / written tokens/s", 1.0, at_most=False)
+    delivered = None if share is None else share * d.write_rate
+    lines += judged(goal, share, partial(_cpu_shares, d))
+    if delivered is not None:
+        lines.append(f"  one router delivered {delivered:,.0f} tokens/s of {d.write_rate:,.0f}")
+    lines += judged(
+        TOKEN_P99,
+        d.p99_ms,
+        lambda: (
+            f"up to {d.unrouted_max or 0:,} chat entries waited for the router while the "
+            f"answers were written; this bench's loop lag p99 {d.loop_lag_p99_ms or 0:.1f} ms"
+        ),
+    )
     return lines

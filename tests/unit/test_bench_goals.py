@@ -1,14 +1,17 @@
-"""The goals of the router as the single writer, as the router benchmark prints them: met, or
-missed by how much, and why where the run measured it."""
+"""The goals of the router as the single writer, as the router and chat benchmarks print them:
+met, or missed by how much, and why where the run measured it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from bench.chat_bench import Cost, Delivery
+from bench.chat_bench import Report as ChatReport
 from bench.goals import (
     STORE_SCRIPT,
     Goal,
+    chat_goal_lines,
     command_gap,
     goal_lines,
     inside_scripts,
@@ -263,4 +266,107 @@ def test_a_missed_paced_p99_shows_the_plain_batch_routers_beside_it() -> None:
     missed = lines.index("paced 5,000 ev/s: p99: 4.50 ms (goal <= 3 ms): missed by 50 %")
     assert lines[missed + 1] == (
         "  why: p50 2.2 ms; the plain batch router's p99 at the same rate 2.2 ms"
+    )
+
+
+# --------------------------------------------------------------------------- chat goals
+
+
+def _cost(streams_ratio: float) -> Cost:
+    cost = Cost(answers=100, tokens_per_answer=200, rounds=3)
+    cost.ratio = {"streams_us": streams_ratio}
+    cost.command_us = {
+        "token": {"evalsha": 8.0, "xreadgroup": 1.0},
+        "delta": {"evalsha": 10.0, "xreadgroup": 1.0},
+    }
+    return cost
+
+
+def _delivery(*, within_s: float | None, p99_ms: float, delivered: int = 300_000) -> Delivery:
+    return Delivery(
+        tokens_written=300_000,
+        write_rate=30_000.0,
+        write_seconds=10.0,
+        tokens_expected=300_000,
+        tokens_delivered=delivered,
+        delivered_within_s=within_s,
+        p99_ms=p99_ms,
+        unrouted_max=12_000,
+        loop_lag_p99_ms=1.5,
+        cpu_percent={"router": 61.0, "streams": 45.0},
+    )
+
+
+def _chat(
+    cost: list[Cost], delivery: Delivery | None, *, answers: int = 1000, wait_after: float = 10.0
+) -> ChatReport:
+    args = {"answers": str(answers), "rate": "30", "wait_after": str(wait_after)}
+    return ChatReport(args=args, source="this tree", throughput=delivery, cost=cost)
+
+
+def test_a_token_within_half_a_stage_events_streams_cpu_meets_its_goal() -> None:
+    lines = chat_goal_lines(_chat([_cost(0.5)], None))
+
+    assert lines[0] == (
+        "tokens (100 answers x 200 tokens): streams redis CPU per token / a stage event's: "
+        "0.50x (goal <= 0.5x): met"
+    )
+
+
+def test_a_costlier_token_says_where_the_streams_server_spends_more() -> None:
+    lines = chat_goal_lines(_chat([_cost(0.8)], None))
+
+    assert lines[:2] == [
+        "tokens (100 answers x 200 tokens): streams redis CPU per token / a stage event's: "
+        "0.80x (goal <= 0.5x): missed by 60 %",
+        "  why: server time -2.00 us/token against a stage event: the scripts' own work -2.00",
+    ]
+
+
+def test_a_router_that_delivers_every_token_within_the_latency_goal_keeps_up() -> None:
+    lines = chat_goal_lines(_chat([], _delivery(within_s=0.08, p99_ms=100.0)))
+
+    assert lines == [
+        "tokens (1,000 answers x 30 tokens/s): delivered / written tokens/s: 1.00x (goal >= 1x): "
+        "met",
+        "  one router delivered 30,000 tokens/s of 30,000",
+        "tokens: p99 to a viewer: 100.0 ms (goal <= 100 ms): met",
+    ]
+
+
+def test_a_router_that_falls_behind_misses_by_the_rate_it_delivered() -> None:
+    lines = chat_goal_lines(_chat([], _delivery(within_s=10.1, p99_ms=9_800.0)))
+
+    assert lines == [
+        "tokens (1,000 answers x 30 tokens/s): delivered / written tokens/s: 0.50x (goal >= 1x): "
+        "missed by 50 %",
+        "  why: the router at 61 % of a core, the streams redis at 45 %",
+        "  one router delivered 15,000 tokens/s of 30,000",
+        "tokens: p99 to a viewer: 9800.0 ms (goal <= 100 ms): missed by 9700 %",
+        "  why: up to 12,000 chat entries waited for the router while the answers were written; "
+        "this bench's loop lag p99 1.5 ms",
+    ]
+
+
+def test_tokens_still_missing_at_the_deadline_count_against_keeping_up() -> None:
+    delivery = _delivery(within_s=None, p99_ms=float("inf"), delivered=240_000)
+
+    lines = chat_goal_lines(_chat([], delivery, wait_after=10.0))
+
+    # 80 % of the tokens in the 10 s of writing and the 10 s of waiting.
+    assert lines[0].endswith("0.40x (goal >= 1x): missed by 60 %")
+    assert lines[3] == "tokens: p99 to a viewer: not every figure arrived (goal <= 100 ms): missed"
+
+
+def test_a_smaller_load_than_the_goals_says_so() -> None:
+    lines = chat_goal_lines(_chat([], _delivery(within_s=0.05, p99_ms=20.0), answers=100))
+
+    assert lines[0].startswith(
+        "tokens (100 answers x 30 tokens/s, not the goal's 1,000 x 30): delivered / written"
+    )
+
+
+def test_a_chat_run_without_section_1_says_the_rate_was_not_measured() -> None:
+    assert chat_goal_lines(_chat([_cost(0.4)], None))[-1] == (
+        "tokens: one router keeping up: not measured in this run"
     )
