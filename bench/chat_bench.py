@@ -20,6 +20,8 @@ check every token by its content.
 3. Resume: a viewer that saw the answer start reconnects with its Last-Event-ID after each of
    `--resume-tokens` tokens; what it gets before the first token written after it reconnected.
 4. Fan-out: one answer at `--fanout-rate` tokens/s watched by `--viewers` viewers.
+
+The report ends with the token goals (`bench/goals.py`): met, or missed by how much.
 """
 
 from __future__ import annotations
