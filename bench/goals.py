@@ -193,15 +193,16 @@ def _drain_bound(report: Report) -> str | None:
 
 def _per_batch(report: Report) -> str | None:
     """Why the router's CPU per event is high at 1,000 events/s: what each column spends per
-    event there and at 5,000 events/s, where batches are larger."""
-    slow, fast = report.rates.get(1000, {}), report.rates.get(5000, {})
+    event there and at 5,000 events/s (section 5's or the latency rows'), where batches are
+    larger."""
     cells = []
     for key, name in (("leases", "this tree"), ("plain_batch", "plain batch")):
-        if key not in slow or key not in fast:
+        slow, fast = _paced(report, 1000, key), _paced(report, 5000, key)
+        if slow is None or fast is None:
             return None
         cells.append(
-            f"{name} {slow[key].router_cpu_us_per_event:.0f} us/event at 1,000 ev/s, "
-            f"{fast[key].router_cpu_us_per_event:.0f} at 5,000"
+            f"{name} {slow.router_cpu_us_per_event:.0f} us/event at 1,000 ev/s, "
+            f"{fast.router_cpu_us_per_event:.0f} at 5,000"
         )
     return (
         "; ".join(cells) + ": the cost is per batch (a read, a store call, a broadcast), and "

@@ -239,14 +239,18 @@ def test_a_slower_or_costlier_drain_names_both_processes_cpu_per_event(
     ]
 
 
-def test_a_paced_router_cpu_miss_shows_the_cost_at_both_rates() -> None:
+@pytest.mark.parametrize("rows_of_5000", ["rates", "latency"])
+def test_a_paced_router_cpu_miss_shows_the_cost_at_both_rates(rows_of_5000: str) -> None:
     report = _report({"paced_1000_router_cpu_leases_over_plain": 1.7}, p99_5000=1)
     for rate, mine, plain in ((1000, 207.0, 120.0), (5000, 60.0, 31.0)):
-        report.rates.setdefault(rate, {})
-        report.rates[rate]["leases"] = _paced(rate, 1.0)
-        report.rates[rate]["leases"].router_cpu_us_per_event = mine
-        report.rates[rate]["plain_batch"] = _paced(rate, 1.0)
-        report.rates[rate]["plain_batch"].router_cpu_us_per_event = plain
+        if rate == 5000 and rows_of_5000 == "latency":
+            runs = report.latency
+        else:
+            runs = report.rates.setdefault(rate, {})
+        runs["leases"] = _paced(rate, 1.0)
+        runs["leases"].router_cpu_us_per_event = mine
+        runs["plain_batch"] = _paced(rate, 1.0)
+        runs["plain_batch"].router_cpu_us_per_event = plain
 
     why = [line for line in goal_lines(report) if line.startswith("  why: ")]
 
