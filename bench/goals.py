@@ -293,14 +293,15 @@ TOKEN_COST = Goal("streams redis CPU per token / a stage event's", 0.5, at_most=
 
 
 def kept_up(d: Delivery, wait_after_s: float) -> float | None:
-    """The share of the written rate one router delivered: tokens delivered over written,
-    times the writing time over the time until the last one arrived, less the latency goal
-    (a router that keeps up delivers the last token within it). 1.0 when it kept up."""
-    if not d.tokens_written or not d.write_seconds:
+    """The share of the written rate one router delivered: tokens delivered over those the
+    viewers expected, times the writing time over the time until the last one arrived, less
+    the latency goal (a router that keeps up delivers the last token within it). 1.0 when it
+    kept up."""
+    if not d.tokens_expected or not d.write_seconds:
         return None
     within = wait_after_s if d.delivered_within_s is None else d.delivered_within_s
     late = max(0.0, within - TOKEN_P99.bound / 1000)
-    delivered = min(1.0, (d.tokens_delivered + d.tokens_recovered) / d.tokens_written)
+    delivered = min(1.0, (d.tokens_delivered + d.tokens_recovered) / d.tokens_expected)
     return delivered * d.write_seconds / (d.write_seconds + late)
 
 
