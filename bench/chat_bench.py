@@ -20,6 +20,8 @@ check every token by its content.
 3. Resume: a viewer that saw the answer start reconnects with its Last-Event-ID after each of
    `--resume-tokens` tokens; what it gets before the first token written after it reconnected.
 4. Fan-out: one answer at `--fanout-rate` tokens/s watched by `--viewers` viewers.
+
+The report ends with the token goals (`bench/goals.py`): met, or missed by how much.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from bench.chat_entries import (
 )
 from bench.chat_viewer import AnswerLedger, ChatViewer, FrameParser, open_viewer, open_viewers
 from bench.gateway_processes import free_port, gateway_fds, raise_fd_limit
+from bench.goals import chat_goal_lines
 from bench.producer_process import ProducerProcess
 from bench.redis_probes import command_usec, redis_cpu_seconds, watch_drain
 from bench.redis_servers import redis_servers
@@ -947,10 +950,6 @@ def print_report(report: Report) -> None:
                 factor = f"{x / y:.3f}" if y else "n/a"
                 rows.append([f"  streams Redis {name} (µs/token)", f"{x:.2f}", f"{y:.2f}", factor])
         table(["", COST_KINDS["token"], COST_KINDS["delta"], "(a)/(b)"], rows)
-        for name in ("streams_us", "router_us"):
-            ratio = c.ratio[name]
-            verdict = "n/a" if ratio is None else ("met" if ratio <= 0.5 else "NOT met")
-            print(f"target (a)/(b) <= 0.5 for {labels[name]}: {verdict}")
         print(
             "(the rows by command are INFO commandstats: time inside each command, a script's "
             "with the commands it calls; a busy machine inflates them, not the CPU rows)"
@@ -1003,6 +1002,12 @@ def print_report(report: Report) -> None:
         print()
         table(["", "value"], delivery_rows(d, per_answer="over the viewers"))
         print_delivery_notes(d)
+    if report.throughput is not None or report.cost:
+        print("### Goals of tokens (this tree's router; section 2's medians, section 1's run)")
+        print()
+        for line in chat_goal_lines(report):
+            print(f"  - {line.strip()}" if line.startswith("  ") else f"- {line}")
+        print()
 
 
 VERDICTS = frozenset({"new", "duplicate", "stale", "invalid", "text_full"})

@@ -999,7 +999,10 @@ def print_report(report: Report) -> None:
     print_topology_section(4, report.topologies, label_width=LABEL_WIDTH, column_width=COLUMN_WIDTH)
     if report.rates:
         _print_rates_section(report)
-    print("goals of the read path (this tree's worker, medians of this run):")
+    print(
+        "goals of the router as the single writer, Redis only storing (this tree's worker, "
+        "medians of this run):"
+    )
     for line in goal_lines(report):
         print(f"  {line}")
     print("definitions:")
