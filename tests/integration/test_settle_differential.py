@@ -1,5 +1,7 @@
 """The same random batches through the in-memory store (`domain.settle` and its writes) and
-the Redis store on a real Redis give the same verdicts, stamps, states, histories and texts."""
+the Redis store on a real Redis give the same verdicts, stamps, states, histories and texts,
+whether the Redis store holds its records, evicts them (holding one job, or none) or starts
+afresh (a restart, a take-over) and reads them back."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class Shape:
     text_max_bytes: int
     held: int
     deleted: frozenset[int]
+    held_jobs: int
 
 
 def _entry(n: int) -> str:
@@ -79,8 +82,9 @@ def events(draw: st.DrawFn) -> EncodedEvent:
     if kind == "end":
         stage, status = draw(st.sampled_from((("done", "done"), ("writing", "failed"))))
         return encoded(**fields, seq=draw(st.integers(1, 5)), stage=stage, status=status)
+    # Seq 0, a job's first event: a store that holds no record takes the job for new.
     return encoded(
-        **fields, seq=draw(st.integers(1, 5)), stage=draw(st.sampled_from(STAGES)), status="running"
+        **fields, seq=draw(st.integers(0, 5)), stage=draw(st.sampled_from(STAGES)), status="running"
     )
 
 
@@ -91,10 +95,14 @@ shapes = st.builds(
     text_max_bytes=st.sampled_from((4, 1 << 20)),
     held=st.integers(0, ENTRIES),
     deleted=st.frozensets(st.integers(0, ENTRIES - 1), max_size=3),
+    held_jobs=st.sampled_from((0, 1, 1000)),
 )
-# Each batch: its events, and whether the scan shard's token given is a stale one (fenced).
+# Each batch: its events, whether the scan shard's token given is a stale one (fenced), and
+# whether the Redis store is a new one (holding nothing) from this batch on.
 batches = st.lists(
-    st.tuples(st.lists(events(), min_size=1, max_size=6), st.booleans()), min_size=1, max_size=5
+    st.tuples(st.lists(events(), min_size=1, max_size=6), st.booleans(), st.booleans()),
+    min_size=1,
+    max_size=5,
 )
 
 
@@ -112,19 +120,29 @@ class TestTheStoresSettleAlike:
     )
     @given(shape=shapes, runs=batches)
     def test_the_same_batches_leave_both_stores_the_same(
-        self, server: RedisServer, shape: Shape, runs: list[tuple[list[EncodedEvent], bool]]
+        self,
+        server: RedisServer,
+        shape: Shape,
+        runs: list[tuple[list[EncodedEvent], bool, bool]],
     ) -> None:
         asyncio.run(_compare(server.url, shape, runs))
 
 
-async def _compare(url: str, shape: Shape, runs: list[tuple[list[EncodedEvent], bool]]) -> None:
+async def _compare(
+    url: str, shape: Shape, runs: list[tuple[list[EncodedEvent], bool, bool]]
+) -> None:
     redis = Redis.from_url(url)
     try:
-        await redis.flushall()
+        # The keys of the example before (the server is this module's own).
+        keys = [key async for key in redis.scan_iter()]
+        if keys:
+            await redis.delete(*keys)
         memory, in_redis = await _stores(redis, shape)
         # Every event once more at the end: what each marker names shows in the verdicts.
-        everything = [e for batch, _ in runs for e in batch]
-        for n, (batch, stale_token) in enumerate([*runs, (everything, False)]):
+        everything = [e for batch, _, _ in runs for e in batch]
+        for n, (batch, stale_token, afresh) in enumerate([*runs, (everything, False, True)]):
+            if afresh:
+                in_redis = _redis_store(redis, shape)
             ordered = in_judging_order([e.event for e in batch])
             by_event = {id(e.event): e for e in batch}
             items = [by_event[id(event)] for event in ordered]
@@ -172,7 +190,18 @@ async def _stores(redis: Redis, shape: Shape) -> tuple[StateStore, StateStore]:
         markers_ttl_s=7200,
         **limits,
     )
-    in_redis = RedisLuaStateStore(
-        redis, families=FAMILIES, group=GROUP, state_ttl_s=3600, markers_ttl_s=7200, **limits
+    return memory, _redis_store(redis, shape)
+
+
+def _redis_store(redis: Redis, shape: Shape) -> RedisLuaStateStore:
+    return RedisLuaStateStore(
+        redis,
+        families=FAMILIES,
+        group=GROUP,
+        state_ttl_s=3600,
+        markers_ttl_s=7200,
+        history_size=shape.history_size,
+        history_max_bytes=shape.history_max_bytes,
+        text_max_bytes=shape.text_max_bytes,
+        held_jobs=shape.held_jobs,
     )
-    return memory, in_redis

@@ -524,23 +524,25 @@ class RedisLuaStateStore(StateStore):
             elif write.text_appended:
                 flags |= TEXT_APPEND
                 text_value = write.text_appended
-            runs = "".join(f"{r.node}\t{r.start}\t{r.end}\n" for r in text.runs)
+            # Only what changed: the fields of a text state read or written before are there.
+            old = None if write.text_restarted else before.text
             text_fields = [
-                "attempt",
-                text.attempt,
                 "seq",
                 -1 if text.last_seq is None else text.last_seq,
                 "bytes",
                 text.size,
-                "full",
-                1 if text.full else 0,
-                "node",
-                text.node,
-                "run_at",
-                text.run_at,
-                "runs",
-                runs,
             ]
+            if old is None or old.attempt != text.attempt:
+                text_fields += ["attempt", text.attempt]
+            if old is None or old.full != text.full:
+                text_fields += ["full", 1 if text.full else 0]
+            if old is None or (old.node, old.run_at, old.runs) != (
+                text.node,
+                text.run_at,
+                text.runs,
+            ):
+                runs = "".join(f"{r.node}\t{r.start}\t{r.end}\n" for r in text.runs)
+                text_fields += ["node", text.node, "run_at", text.run_at, "runs", runs]
             if text.last_id is not None and text.last_entry is not None:
                 text_fields += ["id", text.last_id, "entry", text.last_entry]
             if text.last_id is None and before.text is not None:
