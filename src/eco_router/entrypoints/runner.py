@@ -8,6 +8,7 @@ import logging
 from types import TracebackType
 
 from eco_router.adapters.redis.connections.slots import nodes_of
+from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
 from eco_router.application.router_service import RouterService
 from eco_router.application.supervision import TaskKeptFailing
 from eco_router.entrypoints.container import Container
@@ -49,6 +50,7 @@ class RouterRunner:
             return self
         try:
             self.router = await resolve(self._container.router())
+            await _report_held_jobs(self._container)
             _log_placement(await resolve(self._container.streams_redis()), self._container)
             self._task = asyncio.create_task(self.router.run(self.stop), name="router")
         except BaseException:
@@ -92,3 +94,10 @@ def _log_placement(client: object, container: Container) -> None:
     placed = nodes_of(client, streams)
     if placed:
         log.info("shards on the cluster: %s", ", ".join(f"{s} on {n}" for s, n in placed.items()))
+
+
+async def _report_held_jobs(container: Container) -> None:
+    store = await resolve(container.state_store())
+    if isinstance(store, RedisLuaStateStore):
+        metrics = await resolve(container.metrics())
+        metrics.count_held_jobs(lambda: store.held_jobs)

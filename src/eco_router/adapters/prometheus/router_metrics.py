@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -126,11 +126,20 @@ class PrometheusRouterMetrics(RouterMetrics):
             "Routers of the group alive at this router's last heartbeat.",
             registry=registry,
         )
+        self._held_jobs = Gauge(
+            "event_router_held_jobs",
+            "Jobs whose records this router keeps in memory (EVENT_ROUTER_HELD_JOBS at most).",
+            registry=registry,
+        )
 
         # The children of the metrics every batch touches, by label values: `labels()` takes
         # a lock and builds its key on every call.
         self._judged: dict[tuple[str, Verdict], Counter] = {}
         self._published_in: dict[str, tuple[Counter, Histogram]] = {}
+
+    def count_held_jobs(self, count: Callable[[], int]) -> None:
+        """Report `count()`, the jobs whose records the state store holds, at each scrape."""
+        self._held_jobs.set_function(count)
 
     def batch_routed(self, *, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
