@@ -14,6 +14,8 @@ DEFAULT_MAX_FIELD_BYTES = 64 * 1024
 # Seqs are compared as Lua numbers (doubles) in Redis: keep them exactly representable.
 MAX_SEQ = 2**53 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+# The fields an event has its own members for, and those the router sets.
+_NOT_EXTRA = RESERVED_FIELDS | ROUTER_FIELDS
 # Producers on the reference design write every field as a string, an absent one as "".
 OPTIONAL_FIELDS = ("stage", "status", "ts", "progress", "result")
 # Trace context passes through to the published event; the reference producer writes the
@@ -112,7 +114,7 @@ def parse_entry(
         extra={
             name: value
             for name, value in text.items()
-            if name not in RESERVED_FIELDS and name not in ROUTER_FIELDS
+            if name not in _NOT_EXTRA
         },
         attempt=attempt,
     )
