@@ -17,6 +17,9 @@ viewer, a late joiner too, reads to the end.
 Each viewer then holds, as the reference frontend rebuilds it (`token` appends,
 `token_recovery` replaces), exactly the text of the task's final attempt; it got `done`
 once, last, and never an event id at or below one it had already got.
+
+The job state lives in a `Backend`: here the in-memory store; `chat_answers` and `play` let
+tests/integration/test_chat_properties_redis.py run the same property on the Redis store.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import contextlib
 import enum
 import hashlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -35,8 +39,9 @@ from hypothesis import strategies as st
 from eco_router.adapters.memory.event_source import InMemoryEventSource
 from eco_router.application.errors import BroadcastFailed
 from eco_router.application.port_values import Delivery, EncodedEvent
-from eco_router.application.ports import FrameWriter
+from eco_router.application.ports import FrameWriter, StateStore
 from eco_router.application.route_batch import RouteBatch
+from eco_router.application.stopping import cancel_and_wait
 from eco_router.application.stream_job_events import JobStream
 from eco_router.domain.event import FIRST_TOKEN_SEQ, JobEvent
 from eco_router.domain.sse import Frame as SseFrame
@@ -51,6 +56,8 @@ MAX_DELIVERIES = 1000
 # Ending is immediate on the in-memory adapters: a stream still open this long never ends.
 END_WITHIN_S = 2.0
 MAX_VIEWERS = 4
+
+T = TypeVar("T", bound=Callable[..., Any])
 
 
 # --- what happens ---------------------------------------------------------------------------
@@ -251,21 +258,44 @@ class Task:
         self.write(181, stage="done", status="completed", result='{"ok": true}')
 
 
+class Backend(Protocol):
+    """Where an example's routers keep job state, made in the example's event loop."""
+
+    def store(self) -> StateStore | None:
+        """The state store of the harness's family and group (None: the gateway's in-memory
+        one)."""
+
+    async def took_over(self, fence: Mapping[str, int]) -> None:
+        """A router took the shards over under `fence`'s tokens: write them where the store
+        checks its fence, as the lease store does."""
+
+
+class InMemoryBackend(Backend):
+    """The in-memory store, which checks its fence on the streams' lease table."""
+
+    def store(self) -> StateStore | None:
+        return None
+
+    async def took_over(self, fence: Mapping[str, int]) -> None:
+        pass
+
+
 class Routers:
     """The router that holds every shard; when it dies, the next one takes them over under
     a higher fencing token and routes what its predecessor left pending first."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Gateway, backend: Backend) -> None:
         self._gw = gw
+        self._backend = backend
         self._generation = 0
-        self._take_over()
 
-    def _take_over(self) -> None:
+    async def take_over(self) -> None:
         h = self._gw.h
         self._generation += 1
         self._source: InMemoryEventSource = h.consumer_source(f"router-{self._generation}")
         self._fence = {stream: self._generation for stream in h.family.streams}
         h.leases.epochs.update(self._fence)
+        await self._backend.took_over(self._fence)
         self._route: RouteBatch = h.route_batch(self._source)
         self._owed_take_over = True
 
@@ -291,7 +321,7 @@ class Routers:
         if step.death is not Death.AFTER_READ:
             with self._dying_at(step):
                 await self._route(deliveries, self._fence, ack=False)
-        self._take_over()
+        await self.take_over()
         return len(deliveries)
 
     @contextlib.contextmanager
@@ -397,9 +427,9 @@ class Browser:
 
     async def leave(self) -> None:
         if self.reader is not None:
-            self.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.reader
+            # Cancelled again until it ends: a cancel that lands as a Redis call's reply
+            # arrives may be dropped (see `cancel_and_wait`).
+            await cancel_and_wait([self.reader])
             self.reader = None
         if self.stream is not None:
             await self.stream.aclose()
@@ -422,11 +452,11 @@ class Browser:
 class Answer:
     """One example: the gateway, the task, the routers and the viewers."""
 
-    def __init__(self, queue_size: int) -> None:
-        self.gw = Gateway(queue_size=queue_size)
+    def __init__(self, queue_size: int, backend: Backend) -> None:
+        self.gw = Gateway(queue_size=queue_size, store=backend.store())
         self.gw.h.max_deliveries = MAX_DELIVERIES
         self.task = Task(self.gw)
-        self.routers = Routers(self.gw)
+        self.routers = Routers(self.gw, backend)
         self.browsers: list[Browser] = []
 
     async def do(self, step: Step) -> None:
@@ -459,6 +489,7 @@ class Answer:
     ) -> None:
         """`direct`: whether the viewer from the start takes live events straight from the
         fan-out (the late joiner is the other kind)."""
+        await self.routers.take_over()
         await self.gw.h.source.prepare()
         await self.do(Join(direct=direct))  # a viewer from the start
         self.task.start()
@@ -494,32 +525,66 @@ DIED_AFTER_APPLY_WHILE_WATCHED: list[Step] = [
 ]
 
 
-@settings(
-    max_examples=250,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(answer=answer_steps, after_the_end=end_steps, queue_size=queue_sizes, direct=st.booleans())
 # The interleavings that matter most, run every time whatever hypothesis draws: tokens a
 # router applied and died before publishing; a retried task while a viewer watches (through
 # the stream, and written straight to its connection); an entry written again after the end;
 # an older attempt's token written again after the end; tokens written after the end.
-@example([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256, False)
-@example([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256, False)
-@example(DIED_AFTER_APPLY_WHILE_WATCHED, [], 256, True)
-@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, False)
-@example([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, True)
-@example([Write("a"), Write("b")], [Again(3)], 256, True)
-@example([Write("old"), Retry("new")], [Again(4)], 256, True)
-@example([Write("a"), Route(12)], [Late("!"), Route(12)], 256, True)
-@example([Write("a")], [Late("b"), Late("c", retried=True), Again(0)], 256, False)
-def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
-    answer: list[Step], after_the_end: list[Step], queue_size: int, direct: bool
-) -> None:
-    played = Answer(queue_size)
+MUST_RUN: list[tuple[list[Step], list[Step], int, bool]] = [
+    ([Write("a"), Route(12, Death.AFTER_APPLY), Write("b")], [], 256, False),
+    ([Write("a"), Route(12, Death.MID_PUBLISH, 3), Write("b"), Route(12)], [], 256, False),
+    (DIED_AFTER_APPLY_WHILE_WATCHED, [], 256, True),
+    ([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, False),
+    ([Write("a"), Route(12), Run(2), Retry("b"), Route(12), Run(2), Write("c")], [], 256, True),
+    ([Write("a"), Write("b")], [Again(3)], 256, True),
+    ([Write("old"), Retry("new")], [Again(4)], 256, True),
+    ([Write("a"), Route(12)], [Late("!"), Route(12)], 256, True),
+    ([Write("a")], [Late("b"), Late("c", retried=True), Again(0)], 256, False),
+]
 
-    asyncio.run(played.play(answer, after_the_end, direct=direct))
 
+def chat_answers(max_examples: int) -> Callable[[T], T]:
+    """The property's draws and `MUST_RUN`, for a test taking `answer`, `after_the_end`,
+    `queue_size` and `direct` (and fixtures)."""
+
+    def decorate(test: T) -> T:
+        for answer, after_the_end, queue_size, direct in reversed(MUST_RUN):
+            test = example(
+                answer=answer, after_the_end=after_the_end, queue_size=queue_size, direct=direct
+            )(test)
+        test = given(
+            answer=answer_steps,
+            after_the_end=end_steps,
+            queue_size=queue_sizes,
+            direct=st.booleans(),
+        )(test)
+        return settings(
+            max_examples=max_examples,
+            deadline=None,
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.data_too_large,
+                HealthCheck.function_scoped_fixture,
+            ],
+        )(test)
+
+    return decorate
+
+
+async def play(
+    answer: Sequence[Step],
+    after_the_end: Sequence[Step],
+    *,
+    queue_size: int,
+    direct: bool,
+    backend: Backend,
+) -> Answer:
+    """One example played out on `backend`'s store."""
+    played = Answer(queue_size, backend)
+    await played.play(answer, after_the_end, direct=direct)
+    return played
+
+
+def assert_every_viewer_got_the_final_text(played: Answer) -> None:
     final_text = played.task.texts[-1]
     for n, browser in enumerate(played.browsers):
         frames = browser.frames()
@@ -528,6 +593,17 @@ def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
         assert [f.event for f in frames].count("done") == 1, (n, frames)
         assert frames[-1].event == "done", (n, frames)
         assert all(a < b for a, b in itertools.pairwise(ids)), (n, ids)
+
+
+@chat_answers(max_examples=250)
+def test_every_viewer_ends_with_the_final_attempts_text_and_done_once(
+    answer: list[Step], after_the_end: list[Step], queue_size: int, direct: bool
+) -> None:
+    played = asyncio.run(
+        play(answer, after_the_end, queue_size=queue_size, direct=direct, backend=InMemoryBackend())
+    )
+
+    assert_every_viewer_got_the_final_text(played)
 
 
 # --- what the property found ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from eco_router.adapters.memory.gateway_metrics import InMemoryGatewayMetrics
 from eco_router.adapters.memory.state_store import InMemoryStateStore
 from eco_router.application.errors import TransientError
 from eco_router.application.port_values import EncodedEvent, FeedGap
-from eco_router.application.ports import EventFeed, FeedSubscription, FrameWriter
+from eco_router.application.ports import EventFeed, FeedSubscription, FrameWriter, StateStore
 from eco_router.application.stream_job_events import StreamJobEvents, StreamLimits
 from eco_router.domain.event_size import DEFAULT_HISTORY_MAX_BYTES
 from eco_router.domain.sse import KEEPALIVE_FRAME, Frame, GatewayEvent
@@ -50,9 +50,11 @@ class Gateway:
         history_max_bytes: int = DEFAULT_HISTORY_MAX_BYTES,
         largest_event_bytes: int | None = None,
         recheck_s: float = QUIET_NEVER_RECHECKED_S,
+        store: StateStore | None = None,
     ) -> None:
+        """`store`: where the router keeps job state (default: an in-memory store)."""
         self.h = Harness()
-        self.h.store = InMemoryStateStore(
+        self.h.store = store or InMemoryStateStore(
             clock=self.h.clock,
             streams=self.h.streams,
             group=GROUP,
