@@ -111,11 +111,7 @@ def parse_entry(
         progress=progress,
         result=result,
         has_result=has_result,
-        extra={
-            name: value
-            for name, value in text.items()
-            if name not in _NOT_EXTRA
-        },
+        extra={name: value for name, value in text.items() if name not in _NOT_EXTRA},
         attempt=attempt,
     )
 
