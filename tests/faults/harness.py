@@ -885,15 +885,22 @@ class FaultRig:
         await asyncio.gather(*(w.until_ready() for w in started))
         return started
 
-    def spawn_worker(self, release: Path | None = None) -> WorkerProcess:
+    def spawn_worker(
+        self, release: Path | None = None, *, pubsub_url: str | None = None
+    ) -> WorkerProcess:
+        """A worker of `release` (see `router_env`), dialing `pubsub_url` if given."""
         name = f"worker-{next(_router_names)}"
         env = self._env(name, release)
+        if pubsub_url is not None:
+            env["REDIS_PUBSUB_URL"] = pubsub_url
         worker = WorkerProcess.spawn(env, self.log_dir / f"{name}.log")
         self.workers.append(worker)
         return worker
 
-    async def start_worker(self, release: Path | None = None) -> WorkerProcess:
-        return await self.spawn_worker(release).until_ready()
+    async def start_worker(
+        self, release: Path | None = None, *, pubsub_url: str | None = None
+    ) -> WorkerProcess:
+        return await self.spawn_worker(release, pubsub_url=pubsub_url).until_ready()
 
     async def start_gateway(self, release: Path | None = None) -> Gateway:
         """A gateway that takes over the address viewers (re)connect to, as behind a balancer."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import subprocess
-from collections import Counter
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,8 +32,11 @@ from bench.router_process import REPOSITORY_ROOT
 
 from eco_router.adapters.redis.keys import JobKeys
 from eco_router.adapters.redis.scripts import load_lua
+from eco_router.testing import RedisServer
 from tests.faults.conftest import OpenRig
 from tests.faults.harness import FaultRig, Scenario, Sizes
+from tests.integration.support import GROUP, WorkerProcess
+from tests.tcp_relay import Mode, TcpRelay
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +48,10 @@ PREVIOUS_SCRIPT, CURRENT_SCRIPT = "apply_batch.lua", "store_batch.lua"
 # A router's SIGTERM drain (up to 8 s) and a loaded machine.
 EXIT_TIMEOUT_S = 30.0
 # The moments to replace the routers: these shares of the load's events applied.
-REPLACE_AT = (0.2, 0.4)
+REPLACE_AT = (0.1, 0.2, 0.3)
 
-# Long enough (about 30 events a job, 0.3 s apart) to outlast the three replacements.
-SIZES = Sizes("40x30", jobs=40, events=30, pace_s=0.3, malformed=0.02, duplicates=0.05, window=2)
+# Long enough (about 40 events a job, 0.3 s apart) to outlast the three replacements.
+SIZES = Sizes("40x40", jobs=40, events=40, pace_s=0.3, malformed=0.02, duplicates=0.05, window=2)
 UPGRADE = Scenario(
     18,
     "rolling-upgrade",
@@ -84,39 +87,89 @@ def previous_release() -> Iterator[Path]:
 class TestRollingUpgrade:
     @pytest.mark.parametrize("scenario", [UPGRADE, ROLLBACK], ids=["upgrade", "rollback"])
     async def test_routers_of_both_releases_in_one_group_lose_nothing(
-        self, scenario: Scenario, open_rig: OpenRig, previous_release: Path
+        self,
+        scenario: Scenario,
+        open_rig: OpenRig,
+        previous_release: Path,
+        pubsub_server: RedisServer,
     ) -> None:
         before, after = (
             (previous_release, None) if scenario is UPGRADE else (None, previous_release)
         )
-        rig = open_rig(scenario)
-        workers = await rig.start(workers=2, release=before)
-        await rig.start_load()
+        async with TcpRelay(pubsub_server.port) as relay:
+            rig = open_rig(scenario)
+            (graceful,) = await rig.start(workers=1, release=before)
+            # The last one's publishes go through a relay, to be caught with a batch stored.
+            doomed = await rig.start_worker(before, pubsub_url=relay.url)
+            await rig.start_load()
+            retried = 0
 
-        retried = 0
-        for worker, share in zip(workers, REPLACE_AT, strict=True):
-            await rig.load.until_routed(share)
-            worker.terminate()
-            code = await worker.wait_exit(EXIT_TIMEOUT_S)
-            rig.require(code == 0, f"{worker.name} exited with {code} on SIGTERM")
+            # The gateway first: the new one takes the address viewers connect to, then the
+            # old one ends its streams and its viewers resume there with their Last-Event-ID.
+            await rig.load.until_routed(REPLACE_AT[0])
+            old_gateway = rig.gateway
+            await rig.start_gateway(after)
+            await asyncio.to_thread(old_gateway.stop)
+            rig.require(old_gateway.exit_code == 0, f"old gateway exited {old_gateway.exit_code}")
+            retried += await rig.load.retry_applied()
+
+            await rig.load.until_routed(REPLACE_AT[1])
+            graceful.terminate()
+            code = await graceful.wait_exit(EXIT_TIMEOUT_S)
+            rig.require(code == 0, f"{graceful.name} exited with {code} on SIGTERM")
             await rig.start_worker(after)
             retried += await rig.load.retry_applied()
-        # The gateway last: the new one takes the address viewers connect to, then the old
-        # one ends its streams and its viewers resume there with their Last-Event-ID.
-        old_gateway = rig.gateway
-        await rig.start_gateway(after)
-        await asyncio.to_thread(old_gateway.stop)
-        rig.require(old_gateway.exit_code == 0, f"the old gateway exited {old_gateway.exit_code}")
-        retried += await rig.load.retry_applied()
-        rig.recover_from("the last router replaced")
-        rig.figures.params |= {"previous_release": PREVIOUS_RELEASE, "retried_after": retried}
-        rig.require(not rig.load.done, "the load ended before the last router was replaced")
 
-        await rig.settle(timeout_s=120.0)
-        await _both_releases_stored_batches(rig, previous_release)
-        _published_once_in_order(rig)
-        await _histories_hold_what_was_owed(rig)
-        rig.conclude()
+            # The last one is lost mid-rollout (a node gone): a batch it stored is on its way
+            # to Pub/Sub, so the other release's routers take entries over that it judged.
+            await rig.load.until_routed(REPLACE_AT[2])
+            relay.set_mode(Mode.FREEZE)
+            caught = await _catch_stored_unpublished(rig, doomed)
+            doomed.kill()
+            # What it was publishing never arrives: the takeover must publish it.
+            relay.set_mode(Mode.CUT)
+            rig.recover_from("the last old router killed")
+            await rig.start_worker(after)
+            retried += await rig.load.retry_applied()
+
+            rig.figures.params |= {
+                "previous_release": PREVIOUS_RELEASE,
+                "retried_after_replacements": retried,
+                "stored_unpublished_at_kill": len(caught),
+                "applied_when_the_last_was_replaced": round(
+                    rig.load.routed / rig.load.total_events, 2
+                ),
+            }
+            rig.require(bool(caught), f"{doomed.name} was never caught with a stored batch")
+            rig.require(not rig.load.done, "the load ended before the last router was replaced")
+
+            await rig.settle(timeout_s=120.0)
+            await _both_releases_stored_batches(rig, previous_release)
+            _published_once_in_order(rig)
+            await _histories_hold_what_was_owed(rig)
+            rig.conclude()
+
+
+async def _catch_stored_unpublished(
+    rig: FaultRig, worker: WorkerProcess, timeout_s: float = 15.0
+) -> list[tuple[str, int]]:
+    """(job, seq) of the entries `worker` holds unacked whose events its store applied (the
+    job's state reached them), once there are any; its publishes must be frozen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held: list[tuple[str, int]] = []
+        for stream in rig.family.streams:
+            pending = await rig.redis.xpending_range(
+                stream, GROUP, min="-", max="+", count=1000, consumername=worker.name
+            )
+            for item in pending:
+                entry = rig.load.written.get((stream, item["message_id"].decode()))
+                if entry is not None and entry.job_id is not None and entry.seq is not None:
+                    held.append((entry.job_id, entry.seq))
+        stored = [(job, seq) for job, seq in held if rig.load.applied.get(job, -1) >= seq]
+        if stored or time.monotonic() > deadline:
+            return stored
+        await asyncio.sleep(0.02)
 
 
 async def _both_releases_stored_batches(rig: FaultRig, previous_release: Path) -> None:
@@ -133,14 +186,27 @@ async def _both_releases_stored_batches(rig: FaultRig, previous_release: Path) -
 
 
 def _published_once_in_order(rig: FaultRig) -> None:
-    """Every job's events on Pub/Sub: each owed seq once, in seq order, nothing else."""
+    """Every job's events on Pub/Sub: each owed event under one id, first published in seq
+    order, nothing else. A repeat is the same entry published again (an entry redelivered
+    after its router died is, with its id: viewers drop it), and is counted."""
     owed = rig.load.owed()
+    repeats = 0
     for job in rig.load.jobs:
-        seqs = [int(m.payload["seq"]) for m in rig.collector.messages if m.payload["job_id"] == job]
-        expected = [e.seq for e in owed.get(job, [])]
-        if seqs != expected:
-            twice = sorted(s for s, n in Counter(seqs).items() if n > 1)
-            rig.require(False, f"{job} published {seqs} (twice: {twice}), owed {expected}")
+        ids: dict[int, str] = {}
+        for message in rig.collector.messages:
+            if message.payload["job_id"] != job:
+                continue
+            seq, entry_id = int(message.payload["seq"]), str(message.payload["stream_id"])
+            if seq not in ids:
+                ids[seq] = entry_id
+                continue
+            repeats += 1
+            if ids[seq] != entry_id:
+                rig.require(False, f"{job} seq {seq} published as {ids[seq]} and {entry_id}")
+        expected = {e.seq: e.entry_id for e in owed.get(job, []) if e.seq is not None}
+        if list(ids.items()) != list(expected.items()):
+            rig.require(False, f"{job} published {list(ids.items())}, owed {expected}")
+    rig.figures.params |= {"published_again_with_the_same_id": repeats}
 
 
 async def _histories_hold_what_was_owed(rig: FaultRig) -> None:
