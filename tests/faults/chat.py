@@ -384,28 +384,46 @@ class ChatRig:
     # -- set-up --
 
     async def start(
-        self, *, workers: int = 2, pubsub_urls: Sequence[str] = ()
+        self, *, workers: int = 2, pubsub_urls: Sequence[str] = (), release: Path | None = None
     ) -> list[WorkerProcess]:
-        """The collector, `workers` workers and the gateway (a router too); the workers once
-        ready. `pubsub_urls`: what each worker dials for Pub/Sub instead of the server (a
-        relay)."""
+        """The collector, `workers` workers and the gateway (a router too), all of `release`
+        (see `harness.router_env`); the workers once ready. `pubsub_urls`: what each worker
+        dials for Pub/Sub instead of the server (a relay)."""
         await self.collector.__aenter__()
         self._collecting = True
-        started = []
-        for n in range(workers):
-            name = f"chat-worker-{next(_router_names)}"
-            env = self._env(name, pubsub_urls[n] if n < len(pubsub_urls) else self.pubsub_url)
-            worker = WorkerProcess.spawn(env, self.log_dir / f"{name}.log")
-            self.workers.append(worker)
-            started.append(worker)
-        env = self._env(f"chat-gateway-{next(_router_names)}", self.pubsub_url)
-        self.gateways.append(await asyncio.to_thread(launch_gateway, self.log_dir, env))
+        started = [
+            self.spawn_worker(pubsub_urls[n] if n < len(pubsub_urls) else self.pubsub_url, release)
+            for n in range(workers)
+        ]
+        await self.start_gateway(release)
         await asyncio.gather(*(w.until_ready() for w in started))
         return started
 
-    def _env(self, name: str, pubsub_url: str) -> dict[str, str]:
+    def spawn_worker(self, pubsub_url: str, release: Path | None = None) -> WorkerProcess:
+        name = f"chat-worker-{next(_router_names)}"
+        worker = WorkerProcess.spawn(
+            self._env(name, pubsub_url, release), self.log_dir / f"{name}.log"
+        )
+        self.workers.append(worker)
+        return worker
+
+    async def start_worker(self, release: Path | None = None) -> WorkerProcess:
+        return await self.spawn_worker(self.pubsub_url, release).until_ready()
+
+    async def start_gateway(self, release: Path | None = None) -> Gateway:
+        """A gateway that takes over the address viewers (re)connect to."""
+        env = self._env(f"chat-gateway-{next(_router_names)}", self.pubsub_url, release)
+        gateway = await asyncio.to_thread(launch_gateway, self.log_dir, env)
+        self.gateways.append(gateway)
+        return gateway
+
+    def _env(self, name: str, pubsub_url: str, release: Path | None = None) -> dict[str, str]:
         return router_env(
-            streams_url=self.streams_url, pubsub_url=pubsub_url, name=name, settings={}
+            streams_url=self.streams_url,
+            pubsub_url=pubsub_url,
+            name=name,
+            settings={},
+            release=release,
         )
 
     @property

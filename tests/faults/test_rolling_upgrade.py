@@ -11,6 +11,9 @@ included. After each replacement every job's last applied event is appended agai
 producer retrying outside its idempotency window does: the router of the other release that
 now holds the shard must judge it a duplicate from what the first one stored.
 
+Chat answers go through the same rollout (all three replaced with SIGTERM): every viewer,
+and a late one, must end with the exact text of its answer (`ChatRig.conclude`).
+
 Checked from the outside, as in every scenario (`FaultRig.conclude`), and besides: every
 owed event published exactly once on Pub/Sub, in seq order, and each job's history, the list
 a gateway replays, holds exactly its owed events in order.
@@ -33,6 +36,7 @@ from bench.router_process import REPOSITORY_ROOT
 from eco_router.adapters.redis.keys import JobKeys
 from eco_router.adapters.redis.scripts import load_lua
 from eco_router.testing import RedisServer
+from tests.faults.chat import ChatRig, ChatScenario, ChatSizes
 from tests.faults.conftest import OpenRig
 from tests.faults.harness import FaultRig, Scenario, Sizes
 from tests.integration.support import GROUP, WorkerProcess
@@ -63,6 +67,20 @@ ROLLBACK = Scenario(
     "rolling-rollback",
     f"This tree's routers replaced one at a time by {PREVIOUS_RELEASE}'s (judging in Lua)",
     SIZES,
+)
+# Chat answers long enough (about 20 s of tokens each) to outlast the three replacements.
+CHAT_SIZES = ChatSizes("16x250", answers=16, tokens=250)
+CHAT_UPGRADE = ChatScenario(
+    20,
+    "chat-rolling-upgrade",
+    f"Chat answers while routers of {PREVIOUS_RELEASE} are replaced one at a time by this tree's",
+    CHAT_SIZES,
+)
+CHAT_ROLLBACK = ChatScenario(
+    21,
+    "chat-rolling-rollback",
+    f"Chat answers while this tree's routers are replaced one at a time by {PREVIOUS_RELEASE}'s",
+    CHAT_SIZES,
 )
 
 
@@ -148,6 +166,52 @@ class TestRollingUpgrade:
             _published_once_in_order(rig)
             await _histories_hold_what_was_owed(rig)
             rig.conclude()
+
+
+class TestRollingUpgradeMidAnswer:
+    @pytest.mark.parametrize("scenario", [CHAT_UPGRADE, CHAT_ROLLBACK], ids=["upgrade", "rollback"])
+    async def test_every_viewer_ends_with_the_whole_text_across_the_rollout(
+        self,
+        scenario: ChatScenario,
+        tmp_path: Path,
+        streams_server: RedisServer,
+        pubsub_server: RedisServer,
+        previous_release: Path,
+    ) -> None:
+        before, after = (
+            (previous_release, None) if scenario is CHAT_UPGRADE else (None, previous_release)
+        )
+        rig = ChatRig(
+            tmp_path, scenario, streams_url=streams_server.url, pubsub_url=pubsub_server.url
+        )
+        try:
+            workers = await rig.start(workers=2, release=before)
+            await rig.start_load()
+
+            await rig.load.until_written(REPLACE_AT[0])
+            old_gateway = rig.gateway
+            await rig.start_gateway(after)
+            await asyncio.to_thread(old_gateway.stop)
+            rig.require(old_gateway.exit_code == 0, f"old gateway exited {old_gateway.exit_code}")
+            for worker, share in zip(workers, REPLACE_AT[1:], strict=True):
+                await rig.load.until_written(share)
+                worker.terminate()
+                code = await worker.wait_exit(EXIT_TIMEOUT_S)
+                rig.require(code == 0, f"{worker.name} exited with {code} on SIGTERM")
+                await rig.start_worker(after)
+            rig.recover_from("the last router replaced")
+            rig.figures.params |= {
+                "previous_release": PREVIOUS_RELEASE,
+                "written_when_the_last_was_replaced": round(
+                    rig.load.tokens_written / rig.load.total_tokens, 2
+                ),
+            }
+            rig.require(not rig.load.done, "the answers ended before the last router was replaced")
+
+            await rig.settle()
+            rig.conclude()
+        finally:
+            await rig.aclose()
 
 
 async def _catch_stored_unpublished(
