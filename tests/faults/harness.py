@@ -631,13 +631,15 @@ class Load:
             await asyncio.sleep(0.02)
 
     async def retry_applied(self) -> int:
-        """Every started job's last applied event appended again, as a producer retrying
-        outside its idempotency window does (the same seq, a new entry: never published);
-        returns how many were appended."""
+        """For every started job, its last applied event appended again, as a producer
+        retrying outside its idempotency window does (the same seq, a new entry), and an
+        event at seq 0, below every seq it wrote, as one delivered late: neither is owed a
+        publish. Returns how many entries were appended."""
         applied = [(job, seq) for job, seq in self.applied.items() if seq > 0]
         for job, seq in applied:
             await self._write_duplicate(job, seq)
-        return len(applied)
+            await self._write_duplicate(job, 0)
+        return 2 * len(applied)
 
     async def _write_malformed(self, job: str, reason: RejectReason) -> None:
         token = f"{self._stem}-bad-{next(self._tokens)}"

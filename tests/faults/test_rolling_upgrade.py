@@ -8,8 +8,9 @@ defaults (only the addresses, consumer names and loopback HTTP ports set, as in 
 scenario): two workers and a gateway (router inside) of one release are replaced one at a
 time by the other's while the producer keeps writing, malformed entries and retried seqs
 included. After each replacement every job's last applied event is appended again, as a
-producer retrying outside its idempotency window does: the router of the other release that
-now holds the shard must judge it a duplicate from what the first one stored.
+producer retrying outside its idempotency window does, and an event below every seq it
+wrote, as one delivered late: the router of the other release that now holds the shard must
+judge them a duplicate and stale from what the first one stored.
 
 Chat answers go through the same rollout (all three replaced with SIGTERM): every viewer,
 and a late one, must end with the exact text of its answer (`ChatRig.conclude`).
