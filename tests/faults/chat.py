@@ -206,6 +206,25 @@ class ChatLoad:
         await cancel_and_wait(self._tasks)
         await self._redis.aclose()
 
+    async def retry_last_tokens(self) -> int:
+        """Every answer in its last attempt with tokens still to come gets its last token
+        written again (a raw XADD of the same fields, as a worker retrying its write without
+        the SDK's idempotency would): a duplicate, never in the text. Returns how many."""
+        retried = 0
+        for answer in self.answers:
+            written = len(answer.tokens[-1])
+            if answer.attempt != answer.attempts - 1 or not 0 < written < self.sizes.tokens:
+                continue
+            attempt, n = answer.tokens[-1][-1]
+            content = token_content(attempt, n)
+            seq = FIRST_TOKEN_SEQ + n - 1
+            entry = CONFIG.token(answer.job_id, content, seq=seq, node=NODE, attempt=attempt)
+            fields: dict[Any, Any] = dict(entry.fields)
+            await self._redis.xadd(entry.stream, fields)
+            answer.entries += 1
+            retried += 1
+        return retried
+
     async def _answer(self, answer: Answer, rng: random.Random) -> None:
         sizes = self.sizes
         await asyncio.sleep(rng.uniform(0, sizes.stagger_s))

@@ -12,8 +12,9 @@ producer retrying outside its idempotency window does, and an event below every 
 wrote, as one delivered late: the router of the other release that now holds the shard must
 judge them a duplicate and stale from what the first one stored.
 
-Chat answers go through the same rollout (all three replaced with SIGTERM): every viewer,
-and a late one, must end with the exact text of its answer (`ChatRig.conclude`).
+Chat answers go through the same rollout (all three replaced with SIGTERM), each answer's
+last token written again after each replacement: every viewer, and a late one, must end
+with the exact text of its answer (`ChatRig.conclude`).
 
 Checked from the outside, as in every scenario (`FaultRig.conclude`), and besides: every
 owed event published exactly once on Pub/Sub, in seq order, and each job's history, the list
@@ -136,8 +137,9 @@ class TestRollingUpgrade:
             graceful.terminate()
             code = await graceful.wait_exit(EXIT_TIMEOUT_S)
             rig.require(code == 0, f"{graceful.name} exited with {code} on SIGTERM")
-            await rig.start_worker(after)
+            # Before any newer event: the first of the job the next holder judges.
             retried += await rig.load.retry_applied()
+            await rig.start_worker(after)
 
             # The last one is lost mid-rollout (a node gone): a batch it stored is on its way
             # to Pub/Sub, so the other release's routers take entries over that it judged.
@@ -148,8 +150,8 @@ class TestRollingUpgrade:
             # What it was publishing never arrives: the takeover must publish it.
             relay.set_mode(Mode.CUT)
             rig.recover_from("the last old router killed")
-            await rig.start_worker(after)
             retried += await rig.load.retry_applied()
+            await rig.start_worker(after)
 
             rig.figures.params |= {
                 "previous_release": PREVIOUS_RELEASE,
@@ -194,15 +196,19 @@ class TestRollingUpgradeMidAnswer:
             await rig.start_gateway(after)
             await asyncio.to_thread(old_gateway.stop)
             rig.require(old_gateway.exit_code == 0, f"old gateway exited {old_gateway.exit_code}")
+            retried = await rig.load.retry_last_tokens()
             for worker, share in zip(workers, REPLACE_AT[1:], strict=True):
                 await rig.load.until_written(share)
                 worker.terminate()
                 code = await worker.wait_exit(EXIT_TIMEOUT_S)
                 rig.require(code == 0, f"{worker.name} exited with {code} on SIGTERM")
+                # Before any newer token: the first of the job the next holder judges.
+                retried += await rig.load.retry_last_tokens()
                 await rig.start_worker(after)
             rig.recover_from("the last router replaced")
             rig.figures.params |= {
                 "previous_release": PREVIOUS_RELEASE,
+                "tokens_retried_after_replacements": retried,
                 "written_when_the_last_was_replaced": round(
                     rig.load.tokens_written / rig.load.total_tokens, 2
                 ),
