@@ -206,6 +206,25 @@ class ChatLoad:
         await cancel_and_wait(self._tasks)
         await self._redis.aclose()
 
+    async def retry_last_tokens(self) -> int:
+        """Every answer in its last attempt with tokens still to come gets its last token
+        written again (a raw XADD of the same fields, as a worker retrying its write without
+        the SDK's idempotency would): a duplicate, never in the text. Returns how many."""
+        retried = 0
+        for answer in self.answers:
+            written = len(answer.tokens[-1])
+            if answer.attempt != answer.attempts - 1 or not 0 < written < self.sizes.tokens:
+                continue
+            attempt, n = answer.tokens[-1][-1]
+            content = token_content(attempt, n)
+            seq = FIRST_TOKEN_SEQ + n - 1
+            entry = CONFIG.token(answer.job_id, content, seq=seq, node=NODE, attempt=attempt)
+            fields: dict[Any, Any] = dict(entry.fields)
+            await self._redis.xadd(entry.stream, fields)
+            answer.entries += 1
+            retried += 1
+        return retried
+
     async def _answer(self, answer: Answer, rng: random.Random) -> None:
         sizes = self.sizes
         await asyncio.sleep(rng.uniform(0, sizes.stagger_s))
@@ -384,28 +403,46 @@ class ChatRig:
     # -- set-up --
 
     async def start(
-        self, *, workers: int = 2, pubsub_urls: Sequence[str] = ()
+        self, *, workers: int = 2, pubsub_urls: Sequence[str] = (), release: Path | None = None
     ) -> list[WorkerProcess]:
-        """The collector, `workers` workers and the gateway (a router too); the workers once
-        ready. `pubsub_urls`: what each worker dials for Pub/Sub instead of the server (a
-        relay)."""
+        """The collector, `workers` workers and the gateway (a router too), all of `release`
+        (see `harness.router_env`); the workers once ready. `pubsub_urls`: what each worker
+        dials for Pub/Sub instead of the server (a relay)."""
         await self.collector.__aenter__()
         self._collecting = True
-        started = []
-        for n in range(workers):
-            name = f"chat-worker-{next(_router_names)}"
-            env = self._env(name, pubsub_urls[n] if n < len(pubsub_urls) else self.pubsub_url)
-            worker = WorkerProcess.spawn(env, self.log_dir / f"{name}.log")
-            self.workers.append(worker)
-            started.append(worker)
-        env = self._env(f"chat-gateway-{next(_router_names)}", self.pubsub_url)
-        self.gateways.append(await asyncio.to_thread(launch_gateway, self.log_dir, env))
+        started = [
+            self.spawn_worker(pubsub_urls[n] if n < len(pubsub_urls) else self.pubsub_url, release)
+            for n in range(workers)
+        ]
+        await self.start_gateway(release)
         await asyncio.gather(*(w.until_ready() for w in started))
         return started
 
-    def _env(self, name: str, pubsub_url: str) -> dict[str, str]:
+    def spawn_worker(self, pubsub_url: str, release: Path | None = None) -> WorkerProcess:
+        name = f"chat-worker-{next(_router_names)}"
+        worker = WorkerProcess.spawn(
+            self._env(name, pubsub_url, release), self.log_dir / f"{name}.log"
+        )
+        self.workers.append(worker)
+        return worker
+
+    async def start_worker(self, release: Path | None = None) -> WorkerProcess:
+        return await self.spawn_worker(self.pubsub_url, release).until_ready()
+
+    async def start_gateway(self, release: Path | None = None) -> Gateway:
+        """A gateway that takes over the address viewers (re)connect to."""
+        env = self._env(f"chat-gateway-{next(_router_names)}", self.pubsub_url, release)
+        gateway = await asyncio.to_thread(launch_gateway, self.log_dir, env)
+        self.gateways.append(gateway)
+        return gateway
+
+    def _env(self, name: str, pubsub_url: str, release: Path | None = None) -> dict[str, str]:
         return router_env(
-            streams_url=self.streams_url, pubsub_url=pubsub_url, name=name, settings={}
+            streams_url=self.streams_url,
+            pubsub_url=pubsub_url,
+            name=name,
+            settings={},
+            release=release,
         )
 
     @property

@@ -263,11 +263,17 @@ def _fits(event: JobEvent) -> bool:
 
 
 def router_env(
-    *, streams_url: str, pubsub_url: str, name: str, settings: Mapping[str, str]
+    *,
+    streams_url: str,
+    pubsub_url: str,
+    name: str,
+    settings: Mapping[str, str],
+    release: Path | None = None,
 ) -> dict[str, str]:
     """A router's environment: the documented defaults, but for the servers' addresses, the
     consumer name, the loopback HTTP address, the gateway's /metrics turned on and `settings`
-    (a scenario's shortened ones)."""
+    (a scenario's shortened ones). `release` is another commit's `src/` (`git archive`), put
+    first on PYTHONPATH so the process runs that commit's `eco_router`."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -282,6 +288,8 @@ def router_env(
         # The checks read every router's metrics, the gateway's too; routing is unchanged.
         "EVENT_ROUTER_GATEWAY_METRICS": "true",
     }
+    if release is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(release), env.get("PYTHONPATH")]))
     return env | dict(settings)
 
 
@@ -622,6 +630,17 @@ class Load:
             self._changed.set()
             await asyncio.sleep(0.02)
 
+    async def retry_applied(self) -> int:
+        """For every started job, its last applied event appended again, as a producer
+        retrying outside its idempotency window does (the same seq, a new entry), and an
+        event at seq 0, below every seq it wrote, as one delivered late: neither is owed a
+        publish. Returns how many entries were appended."""
+        applied = [(job, seq) for job, seq in self.applied.items() if seq > 0]
+        for job, seq in applied:
+            await self._write_duplicate(job, seq)
+            await self._write_duplicate(job, 0)
+        return 2 * len(applied)
+
     async def _write_malformed(self, job: str, reason: RejectReason) -> None:
         token = f"{self._stem}-bad-{next(self._tokens)}"
         stream = self.family.stream_for(job)
@@ -858,33 +877,41 @@ class FaultRig:
 
     # -- set-up --
 
-    async def start(self, *, workers: int = 2) -> list[WorkerProcess]:
-        """The collector, `workers` workers and the gateway; returns the workers once ready."""
+    async def start(self, *, workers: int = 2, release: Path | None = None) -> list[WorkerProcess]:
+        """The collector, `workers` workers and the gateway (of `release`, see `router_env`);
+        returns the workers once ready."""
         await self.collector.__aenter__()
         self._collecting = True
-        started = [self.spawn_worker() for _ in range(workers)]
-        await self.start_gateway()
+        started = [self.spawn_worker(release) for _ in range(workers)]
+        await self.start_gateway(release)
         await asyncio.gather(*(w.until_ready() for w in started))
         return started
 
-    def spawn_worker(self) -> WorkerProcess:
+    def spawn_worker(
+        self, release: Path | None = None, *, pubsub_url: str | None = None
+    ) -> WorkerProcess:
+        """A worker of `release` (see `router_env`), dialing `pubsub_url` if given."""
         name = f"worker-{next(_router_names)}"
-        env = self._env(name)
+        env = self._env(name, release)
+        if pubsub_url is not None:
+            env["REDIS_PUBSUB_URL"] = pubsub_url
         worker = WorkerProcess.spawn(env, self.log_dir / f"{name}.log")
         self.workers.append(worker)
         return worker
 
-    async def start_worker(self) -> WorkerProcess:
-        return await self.spawn_worker().until_ready()
+    async def start_worker(
+        self, release: Path | None = None, *, pubsub_url: str | None = None
+    ) -> WorkerProcess:
+        return await self.spawn_worker(release, pubsub_url=pubsub_url).until_ready()
 
-    async def start_gateway(self) -> Gateway:
+    async def start_gateway(self, release: Path | None = None) -> Gateway:
         """A gateway that takes over the address viewers (re)connect to, as behind a balancer."""
-        env = self._env(f"gateway-{next(_router_names)}")
+        env = self._env(f"gateway-{next(_router_names)}", release)
         gateway = await asyncio.to_thread(launch_gateway, self.log_dir, env)
         self.gateways.append(gateway)
         return gateway
 
-    def _env(self, name: str) -> dict[str, str]:
+    def _env(self, name: str, release: Path | None = None) -> dict[str, str]:
         # The load is scan jobs: the default chat family's shards (the chat rows' load, in
         # tests/faults/chat.py) would only spread the routers' leases over shards that hold
         # nothing, and a router killed or paused there would hold no entry to take over.
@@ -893,6 +920,7 @@ class FaultRig:
             pubsub_url=self.router_pubsub_url,
             name=name,
             settings={"EVENT_ROUTER_STREAMS": "scan:events=4", **self.settings},
+            release=release,
         )
 
     @property
