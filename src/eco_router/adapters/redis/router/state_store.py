@@ -50,11 +50,11 @@ from eco_router.domain.streams import StreamFamily, hash_tag
 from eco_router.domain.text import DEFAULT_TEXT_MAX_BYTES, JobText, TextRun
 from eco_router.domain.verdict import Judgement
 
-# The markers hash's fields every load reads, before the batch's seqs and lifecycle markers:
-# the newest applied stage seq and event id, whether the job ended ("0" no, "1" yes, "2" and
-# a token came after), each history payload's size ("12,40,..."), their sum (kept for readers
-# of the previous release), and when the TTLs were last renewed (server seconds).
-_HEAD = ("last", "last_id", "ended", "sizes", "history_bytes", "renewed")
+# Besides the seqs' and lifecycle markers, the markers hash holds the newest applied stage
+# seq and event id ("last", "last_id"), whether the job ended ("ended": "0" no, "1" yes, "2"
+# and a token came after), each history payload's size ("sizes": "12,40,..."), their sum
+# ("history_bytes", kept for routers of the previous release) and when the TTLs were last
+# renewed ("renewed", server seconds).
 _TEXT = ("attempt", "seq", "id", "entry", "bytes", "full", "node", "run_at", "runs")
 _ENDED = {b"1": (True, False), b"2": (True, True)}
 # The record of a job no key is kept of.
@@ -84,9 +84,11 @@ def _job_keys(domain: str, job_id: str, stream: str) -> tuple[str, str, str, str
 
 class RedisLuaStateStore(StateStore):
     """Keeps job records in Redis and applies the writes `settle` decides: one pipelined read
-    of the batch's jobs (a second, rarely, for an entry the stream may never have held or a
-    history whose sizes were not kept), then one `store_batch.lua` call that checks the fence
-    and the read order and writes. A job's history keeps at most `history_size` payloads and
+    of the batch's jobs it neither holds nor takes for new (a second, rarely, for a history
+    whose sizes were not kept), then one `store_batch.lua` call that checks the fence, the
+    read order and what was taken for granted (jobs new, marked entries still held), and
+    writes; when such a check fails, nothing is written, and what failed is read and the
+    batch settled and stored again. A job's history keeps at most `history_size` payloads and
     `history_max_bytes` bytes (the newest always). With `replica_wait`, a batch counts as
     applied (and is published) only once that many replicas have it.
 
@@ -286,18 +288,17 @@ class RedisLuaStateStore(StateStore):
     ) -> tuple[
         dict[JobKey, StoredJob],
         dict[JobKey, int | None],
-        dict[JobKey, tuple[str, str]],
+        dict[JobKey, tuple[str, str, str, str, str]],
         dict[JobKey, str],
     ]:
         """The records of the batch's jobs, held or loaded, and when each job's TTLs were
         last renewed (server seconds). A held text's bytes are loaded only when a terminal
         event may check them. A job neither held nor in `to_read` whose first event here is
-        its first (a stage event of seq 0) is assumed new and not read: its markers and
-        history keys, returned, are checked absent by the store call. Last, the stream of
-        each job loaded."""
+        its first (a stage event of seq 0) is assumed new and not read: its keys, returned,
+        are checked absent by the store call. Last, the stream of each job loaded."""
         records: dict[JobKey, StoredJob] = {}
         renewed: dict[JobKey, int | None] = {}
-        assumed: dict[JobKey, tuple[str, str]] = {}
+        assumed: dict[JobKey, tuple[str, str, str, str, str]] = {}
         asked: dict[JobKey, tuple[tuple[str, str, str, str, str], bool]] = {}
         texts: dict[JobKey, str] = {}
         read_from: dict[JobKey, str] = {}
@@ -314,7 +315,7 @@ class RedisLuaStateStore(StateStore):
                     keys = _job_keys(event.domain, event.job_id, event.stream)
                     records[job] = _NEW
                     renewed[job] = None
-                    assumed[job] = (keys[2], keys[1])
+                    assumed[job] = keys
                 else:
                     asked[job] = (_job_keys(event.domain, event.job_id, event.stream), False)
                     read_from[job] = event.stream
@@ -683,19 +684,26 @@ def _missing(shards: Sequence[str], named: bytes) -> tuple[str, str]:
 
 
 def _assumed_keys(
-    assumed: Mapping[JobKey, tuple[str, str]], key_at: Mapping[JobKey, int], keys: list[str]
+    assumed: Mapping[JobKey, tuple[str, str, str, str, str]],
+    key_at: Mapping[JobKey, int],
+    keys: list[str],
 ) -> dict[int, JobKey]:
-    """The 1-based indices, in `keys`, of the assumed jobs' markers and history keys to check
-    absent: where the job's write named them (state, history, markers from `key_at`), else
-    added to `keys`."""
+    """The 1-based indices, in `keys`, of the assumed jobs' history, markers and text state
+    keys to check absent (a job may have a text state alone: its first token filled it):
+    where the job's write named them (from `key_at` on: state, history, markers, text state),
+    else added to `keys`."""
     checked: dict[int, JobKey] = {}
-    for job, job_keys in assumed.items():
+    for job, (_, history, markers, text_state, _) in assumed.items():
         at = key_at.get(job)
-        if at is None:
-            keys += job_keys
-            checked[len(keys) - 1] = checked[len(keys)] = job
-        else:
-            checked[at + 1] = checked[at + 2] = job
+        named = {} if at is None else {history: at + 1, markers: at + 2}
+        if at is not None and len(keys) > at + 2 and keys[at + 2] == text_state:
+            named[text_state] = at + 3
+        for key in (history, markers, text_state):
+            index = named.get(key)
+            if index is None:
+                keys.append(key)
+                index = len(keys)
+            checked[index] = job
     return checked
 
 
