@@ -40,7 +40,6 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
     import redis.asyncio
 
     from bench.backlog import FAMILY, GROUP, make_workload
-    from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
     from eco_router.testing import RedisServer
 
     try:
@@ -68,14 +67,7 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
 
         async def run() -> tuple[float, Counter[str]]:
             client = redis.asyncio.Redis(port=server.port)
-            store = RedisLuaStateStore(
-                client,
-                families=[FAMILY],
-                group=GROUP,
-                state_ttl_s=86_400,
-                markers_ttl_s=7 * 86_400,
-                history_size=200,
-            )
+            store = backlog_store(client)
             await store.apply(batches[0][:1], fence)  # loads the script
             sync.config_resetstat()
             verdicts: Counter[str] = Counter()
@@ -125,6 +117,23 @@ def _child(events: int, jobs: int, read_count: int, seed: int) -> dict[str, Any]
         "calls": {k.removeprefix("cmdstat_"): int(v["calls"]) / n for k, v in stats.items()},
         "verdicts": dict(sorted(verdicts.items())),
     }
+
+
+def backlog_store(client: Any, **options: Any) -> Any:
+    """The Redis state store the backlog is applied with (a day's state TTL, a week's markers,
+    histories of 200), on `client`; `options` as the store takes them."""
+    from bench.backlog import FAMILY, GROUP
+    from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
+
+    return RedisLuaStateStore(
+        client,
+        families=[FAMILY],
+        group=GROUP,
+        state_ttl_s=86_400,
+        markers_ttl_s=7 * 86_400,
+        history_size=200,
+        **options,
+    )
 
 
 def read_batches(sync: Any, read_count: int) -> list[Any]:

@@ -21,9 +21,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from bench.apply_script import read_batches
-from bench.backlog import FAMILY, GROUP, make_workload
-from eco_router.adapters.redis.router.state_store import RedisLuaStateStore
+from bench.apply_script import backlog_store, read_batches
+from bench.backlog import FAMILY, make_workload
 from eco_router.testing import RedisServer
 
 
@@ -34,15 +33,7 @@ async def _retained(port: int, batches: list[Any], held_jobs: int) -> tuple[int,
     fence = dict.fromkeys(FAMILY.streams, 0)
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
-    store = RedisLuaStateStore(
-        client,
-        families=[FAMILY],
-        group=GROUP,
-        state_ttl_s=86_400,
-        markers_ttl_s=7 * 86_400,
-        history_size=200,
-        held_jobs=held_jobs,
-    )
+    store = backlog_store(client, held_jobs=held_jobs)
     for batch in batches:
         await store.apply(batch, fence)
     gc.collect()

@@ -77,7 +77,7 @@ if #missing > 0 then
 end
 
 -- `command` on `key` with the `count` values from ARGV[at] on, a thousand at a time (unpack
--- is bounded by the Lua stack; field-value pairs stay whole).
+-- is bounded by the Lua stack; field-value pairs stay whole); nothing when `count` is 0.
 local function many(command, key, at, count)
   for first = at, at + count - 1, 1000 do
     redis_call(command, key, unpack(ARGV, first, min(first + 999, at + count - 1)))
@@ -110,9 +110,7 @@ for _ = 1, tonumber(ARGV[shards + 8]) do
     elseif band(flags, TEXT_APPEND) ~= 0 then
       redis_call('APPEND', text, text_value)
     end
-    if texts > 0 then
-      many('HSET', text_state, texts_at, texts)
-    end
+    many('HSET', text_state, texts_at, texts)
     if band(flags, TEXT_FORGET) ~= 0 then
       redis_call('HDEL', text_state, 'id', 'entry')
     end
@@ -120,9 +118,7 @@ for _ = 1, tonumber(ARGV[shards + 8]) do
       redis_call('EXPIRE', text_state, history_ttl)
       redis_call('EXPIRE', text, history_ttl)
     end
-    if appended > 0 then
-      many('RPUSH', history, payloads, appended)
-    end
+    many('RPUSH', history, payloads, appended)
     if band(flags, STATE_LAST) ~= 0 then
       redis_call('SET', state, ARGV[payloads + appended - 1], 'EX', state_ttl)
     elseif own then
@@ -130,9 +126,7 @@ for _ = 1, tonumber(ARGV[shards + 8]) do
     elseif band(flags, STATE_RENEW) ~= 0 then
       redis_call('EXPIRE', state, history_ttl)
     end
-    if marks > 0 then
-      many('HSET', markers, marks_at, marks)
-    end
+    many('HSET', markers, marks_at, marks)
     if dropped > 0 then
       redis_call('LTRIM', history, dropped, -1)
     end
