@@ -1374,6 +1374,17 @@ class TestHeldRecords:
         assert await _snapshot(streams_redis) == before
         assert await streams_redis.hget(JobKeys.of("scan", "job-2").markers, "last") == b"0"
 
+    async def test_a_job_taken_for_new_whose_text_state_alone_exists_is_read(
+        self, small_text: RedisLuaStateStore, streams_redis: Redis
+    ) -> None:
+        # The first token does not fit: the text state is written, nothing else.
+        assert await apply(small_text, [token(1001, "x" * (SMALL_TEXT + 1))]) == [TEXT_FILLED]
+        restarted = await make_store(streams_redis, text_max_bytes=SMALL_TEXT)
+
+        judged = await apply(restarted, [chat(0), token(1002, "y")])
+
+        assert judged == [NEW_APPLY, TEXT_FULL]
+
     async def test_the_least_recently_used_records_go_beyond_the_bound(
         self, streams_redis: Redis
     ) -> None:
